@@ -1,0 +1,198 @@
+//! # spindle-fabric — registered rows and one-sided pushes
+//!
+//! The one abstraction everything above is written against. A group of
+//! `member_count` members each owns one *row*: a registered region of
+//! `row_len_bytes` bytes. A member writes only its own row and *pushes* byte
+//! ranges of it to peers, who see the bytes appear in their local copy of
+//! that row without running any code (RDMA write semantics).
+//!
+//! ## Ordering contract (every implementation)
+//!
+//! 1. Pushes from one member to one peer become visible in the order they
+//!    were issued.
+//! 2. Bytes within one push may become visible in any order.
+//! 3. Therefore a *guard*: write the data, push it, then write a counter
+//!    (an aligned `u64` stored with `Release`) and push it. A reader that
+//!    loads the guard with `Acquire` and sees the new value sees the data.
+//!
+//! On [`shm`] every member maps the same file, so a push is ordering only
+//! (a `Release` fence): zero copies.
+//!
+//! ```no_run
+//! use spindle_fabric::{Fabric, PeerSet, shm::{ShmFabric, ShmOptions}};
+//! let fabric = ShmFabric::open(&ShmOptions::new("doc-example", 2, 4096, 0), 0).unwrap();
+//! let row = fabric.row(fabric.member_rank());
+//! row.u64_at(0).store(7, std::sync::atomic::Ordering::Release);
+//! fabric.push(0..8, PeerSet::all_except(0, 2)).unwrap();
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod doorbell;
+pub mod row;
+pub mod shm;
+
+use std::ops::Range;
+use std::time::Duration;
+
+pub use row::RowRef;
+
+/// Largest group any fabric supports: member sets are a `u64` bit-mask.
+pub const MEMBERS_MAX: usize = 64;
+
+/// Rows are cache-line multiples so that no two rows share a line.
+pub const CACHE_LINE_BYTES: usize = 64;
+
+/// A set of member ranks, as a bit-mask (rank `r` is bit `r`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PeerSet(pub u64);
+
+impl PeerSet {
+    /// Every rank in `0..member_count` except `me`.
+    pub fn all_except(me: usize, member_count: usize) -> PeerSet {
+        PeerSet(PeerSet::all(member_count).0 & !(1u64 << (me % MEMBERS_MAX)))
+    }
+    /// Every rank in `0..member_count`.
+    pub fn all(member_count: usize) -> PeerSet {
+        assert!(
+            member_count <= MEMBERS_MAX,
+            "member_count {member_count} > {MEMBERS_MAX}"
+        );
+        PeerSet(if member_count == 64 {
+            u64::MAX
+        } else {
+            (1u64 << member_count) - 1
+        })
+    }
+    /// Whether `rank` is in the set.
+    pub fn contains(self, rank: usize) -> bool {
+        rank < MEMBERS_MAX && self.0 & (1u64 << rank) != 0
+    }
+    /// The ranks in the set, lowest first.
+    pub fn iter(self) -> impl Iterator<Item = usize> {
+        (0..MEMBERS_MAX).filter(move |r| self.contains(*r))
+    }
+}
+
+/// Why a fabric operation failed. Every variant names what went wrong and
+/// where, so the message can be shown to a user as it is.
+#[derive(Debug, thiserror::Error)]
+pub enum FabricError {
+    #[error("member {rank} is gone (its process exited or crashed)")]
+    PeerGone { rank: usize },
+    #[error("member {rank} left the group")]
+    PeerLeft { rank: usize },
+    #[error("member rank {rank} is out of range: the group has {member_count} members")]
+    RankOutOfRange { rank: usize, member_count: usize },
+    #[error("member {rank} of group '{group}' is already running (pid {pid})")]
+    RankTaken {
+        group: String,
+        rank: usize,
+        pid: u32,
+    },
+    #[error("push range {start}..{end} is outside the row of {row_len_bytes} bytes")]
+    PushOutOfBounds {
+        start: usize,
+        end: usize,
+        row_len_bytes: usize,
+    },
+    #[error("group '{group}' already exists with a different layout: {found} (this member expects {expected}); stop the other members or pick another group name")]
+    LayoutMismatch {
+        group: String,
+        found: String,
+        expected: String,
+    },
+    #[error("invalid group name '{name}': use 1..=48 characters of [A-Za-z0-9_.-]")]
+    InvalidGroupName { name: String },
+    #[error("invalid fabric option: {0}")]
+    InvalidOption(String),
+    #[error(
+        "timed out after {waited_ms} ms waiting for members {missing:?} of group '{group}' to join"
+    )]
+    JoinTimeout {
+        group: String,
+        missing: Vec<usize>,
+        waited_ms: u64,
+    },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl FabricError {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        FabricError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Registered rows and one-sided pushes. See the crate docs for the
+/// ordering contract; `tests/conformance.rs` checks it for every
+/// implementation.
+pub trait Fabric: Send + Sync + 'static {
+    /// This member's rank, `0..member_count()`.
+    fn member_rank(&self) -> usize;
+    /// How many members the group has (fixed for the fabric's life).
+    fn member_count(&self) -> usize;
+    /// Length of every row, a multiple of [`CACHE_LINE_BYTES`].
+    fn row_len_bytes(&self) -> usize;
+    /// The local copy of `rank`'s row. The own row is the writable original;
+    /// every other row must only be read.
+    fn row(&self, rank: usize) -> RowRef<'_>;
+    /// Make bytes `range` of the own row visible to `peers`, after
+    /// everything pushed to them before. Never blocks on a lock held across
+    /// the write.
+    fn push(&self, range: Range<usize>, peers: PeerSet) -> Result<(), FabricError>;
+    /// Check that every peer is still there. Slow path (may make a system
+    /// call per peer): call it when idle, not per message.
+    fn check_peers(&self) -> Result<(), FabricError>;
+    /// Ranks whose members have joined (their rows are live).
+    fn joined(&self) -> PeerSet;
+    /// The doorbell that parked progress loops wait on.
+    fn doorbell(&self) -> &dyn doorbell::Doorbell;
+    /// A short human description ("shm:/dev/shm/spindle-g1").
+    fn describe(&self) -> String;
+}
+
+/// Wait until every member has joined, or fail with the missing ranks.
+pub fn wait_all_joined(
+    fabric: &dyn Fabric,
+    group: &str,
+    timeout: Duration,
+) -> Result<(), FabricError> {
+    let all = PeerSet::all(fabric.member_count());
+    let started = std::time::Instant::now();
+    let mut sleep_us = 50u64;
+    loop {
+        let joined = fabric.joined();
+        if joined.0 & all.0 == all.0 {
+            return Ok(());
+        }
+        if started.elapsed() >= timeout {
+            let missing = PeerSet(all.0 & !joined.0).iter().collect();
+            return Err(FabricError::JoinTimeout {
+                group: group.to_string(),
+                missing,
+                waited_ms: timeout.as_millis() as u64,
+            });
+        }
+        std::thread::sleep(Duration::from_micros(sleep_us));
+        sleep_us = (sleep_us * 2).min(5_000);
+    }
+}
+
+/// Validate a byte range against a row length (shared by implementations).
+pub fn check_range(range: &Range<usize>, row_len_bytes: usize) -> Result<(), FabricError> {
+    if range.start > range.end || range.end > row_len_bytes {
+        return Err(FabricError::PushOutOfBounds {
+            start: range.start,
+            end: range.end,
+            row_len_bytes,
+        });
+    }
+    Ok(())
+}

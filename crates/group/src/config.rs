@@ -1,0 +1,186 @@
+//! Group configuration, validated up front with errors that name the bad
+//! value. The defaults here are the defaults everywhere (docs, CLI).
+
+use std::time::Duration;
+
+use spindle_sst::IdleStrategy;
+
+use crate::GroupError;
+
+/// Delivery mode of a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeliveryMode {
+    /// Atomic multicast: delivered in one total order, once stable (every
+    /// member has received it).
+    Ordered,
+    /// Delivered on receipt, FIFO per sender, no order across senders.
+    Unordered,
+}
+
+impl DeliveryMode {
+    pub fn parse(s: &str) -> Result<DeliveryMode, String> {
+        match s {
+            "ordered" => Ok(DeliveryMode::Ordered),
+            "unordered" => Ok(DeliveryMode::Unordered),
+            other => Err(format!(
+                "unknown delivery mode '{other}': expected 'ordered' or 'unordered'"
+            )),
+        }
+    }
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DeliveryMode::Ordered => "ordered",
+            DeliveryMode::Unordered => "unordered",
+        }
+    }
+}
+
+/// Which members send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SenderSet {
+    All,
+    /// The first `ceil(members / 2)` members.
+    Half,
+    /// Member 0 only.
+    One,
+    /// These ranks, ascending.
+    Ranks(Vec<usize>),
+}
+
+impl SenderSet {
+    pub fn parse(s: &str) -> Result<SenderSet, String> {
+        match s {
+            "all" => Ok(SenderSet::All),
+            "half" => Ok(SenderSet::Half),
+            "one" => Ok(SenderSet::One),
+            other => Err(format!(
+                "unknown sender set '{other}': expected all, half or one"
+            )),
+        }
+    }
+
+    /// The sender ranks for a group of `members`.
+    pub fn ranks(&self, members: usize) -> Vec<usize> {
+        match self {
+            SenderSet::All => (0..members).collect(),
+            SenderSet::Half => (0..members.div_ceil(2)).collect(),
+            SenderSet::One => vec![0],
+            SenderSet::Ranks(r) => r.clone(),
+        }
+    }
+
+    pub fn as_str(&self) -> String {
+        match self {
+            SenderSet::All => "all".into(),
+            SenderSet::Half => "half".into(),
+            SenderSet::One => "one".into(),
+            SenderSet::Ranks(r) => format!("{r:?}"),
+        }
+    }
+}
+
+/// Everything a member needs to join a static group. All members of a
+/// group must use equal values (the shm fabric checks the layout).
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    /// Group name (the shm file is `/dev/shm/spindle-<name>`).
+    pub name: String,
+    pub members: usize,
+    pub senders: SenderSet,
+    pub mode: DeliveryMode,
+    /// Slots in each sender's ring (the send window).
+    pub window_slots: usize,
+    /// Largest payload one slot carries.
+    pub slot_payload_max: usize,
+    /// The Spindle batching techniques (off only to measure what they buy).
+    pub batching: bool,
+    pub idle: IdleStrategy,
+    /// How long to wait for every member to join.
+    pub join_timeout: Duration,
+    /// How often an idle member checks that its peers are alive.
+    pub peer_check_interval: Duration,
+}
+
+/// Defaults, shared by the API, the CLI and the docs.
+pub mod defaults {
+    pub const MEMBERS: usize = 3;
+    pub const WINDOW_SLOTS: usize = 1024;
+    pub const SLOT_PAYLOAD_MAX: usize = 10_240;
+    pub const JOIN_TIMEOUT_MS: u64 = 10_000;
+    pub const PEER_CHECK_INTERVAL_MS: u64 = 10;
+    pub const WINDOW_SLOTS_MAX: usize = 1 << 20;
+    pub const SLOT_PAYLOAD_MAX_MAX: usize = 1 << 20;
+    /// Ring bytes per sender are capped so a group stays well inside /dev/shm.
+    pub const RING_BYTES_MAX: usize = 256 << 20;
+}
+
+impl GroupConfig {
+    pub fn new(name: &str, members: usize) -> GroupConfig {
+        GroupConfig {
+            name: name.to_string(),
+            members,
+            senders: SenderSet::All,
+            mode: DeliveryMode::Ordered,
+            window_slots: defaults::WINDOW_SLOTS,
+            slot_payload_max: defaults::SLOT_PAYLOAD_MAX,
+            batching: true,
+            idle: IdleStrategy::DEFAULT_BACKOFF,
+            join_timeout: Duration::from_millis(defaults::JOIN_TIMEOUT_MS),
+            peer_check_interval: Duration::from_millis(defaults::PEER_CHECK_INTERVAL_MS),
+        }
+    }
+
+    /// Check every value; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), GroupError> {
+        let bad = |m: String| Err(GroupError::Config(m));
+        spindle_fabric::shm::validate_group_name(&self.name)?;
+        if self.members == 0 || self.members > spindle_fabric::MEMBERS_MAX {
+            return bad(format!(
+                "members = {} must be in 1..={}",
+                self.members,
+                spindle_fabric::MEMBERS_MAX
+            ));
+        }
+        let ranks = self.senders.ranks(self.members);
+        if ranks.is_empty() {
+            return bad("senders: at least one member must send".into());
+        }
+        if let Some(r) = ranks.iter().find(|r| **r >= self.members) {
+            return bad(format!(
+                "senders: rank {r} is not a member (members = {})",
+                self.members
+            ));
+        }
+        if ranks.windows(2).any(|w| w[0] >= w[1]) {
+            return bad(format!(
+                "senders: ranks {ranks:?} must be ascending without repeats"
+            ));
+        }
+        if !self.window_slots.is_power_of_two()
+            || self.window_slots < 2
+            || self.window_slots > defaults::WINDOW_SLOTS_MAX
+        {
+            return bad(format!(
+                "window_slots = {} must be a power of two in 2..={}",
+                self.window_slots,
+                defaults::WINDOW_SLOTS_MAX
+            ));
+        }
+        if self.slot_payload_max == 0 || self.slot_payload_max > defaults::SLOT_PAYLOAD_MAX_MAX {
+            return bad(format!(
+                "slot_payload_max = {} must be in 1..={} (larger messages need the large-message path)",
+                self.slot_payload_max,
+                defaults::SLOT_PAYLOAD_MAX_MAX
+            ));
+        }
+        let ring_bytes = crate::layout::slot_stride(self.slot_payload_max) * self.window_slots;
+        if ring_bytes > defaults::RING_BYTES_MAX {
+            return bad(format!(
+                "window_slots × slot size = {} bytes per sender exceeds {} bytes; use fewer or smaller slots",
+                ring_bytes,
+                defaults::RING_BYTES_MAX
+            ));
+        }
+        Ok(())
+    }
+}

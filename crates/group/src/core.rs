@@ -1,0 +1,650 @@
+//! `GroupCore`: the SMC protocol of one member, driven by [`GroupCore::step`].
+//!
+//! ## Driving contract
+//!
+//! `step(now_ns, deliver)` does one bounded pass and returns the work it
+//! did; it never blocks, sleeps, spawns or reads a clock. Call it from one
+//! thread at a time (the runtime's progress loop, or the application in
+//! invoker mode). Application threads send concurrently through
+//! [`crate::Sender`] handles; they only touch the lock-free
+//! [`SendRing`] and their reserved slots.
+//!
+//! ## One pass
+//!
+//! 1. **publish** (sender batching): every slot the application committed
+//!    since the last pass gets its message index; then one push of the
+//!    slots and one guard update publish them all.
+//! 2. **receive** (receiver batching): for each sender, drain every slot up
+//!    to its guard, then store `received_num` and `received_frontier` once.
+//! 3. **nulls**: a sender with nothing in flight that is behind the
+//!    round-robin order (others' messages wait for its indices) publishes
+//!    one slot carrying a run of nulls.
+//! 4. **deliver** (delivery batching): ordered mode delivers the whole
+//!    stable prefix `[delivered_num, min over members of frontier)` in
+//!    sequence order, then stores `delivered_num` and `released_slots`
+//!    once; unordered mode delivers in step 2.
+//! 5. **flow control**: raise the send ring's limit to the slowest
+//!    member's released slot + window.
+//!
+//! Total order: message `index` of the sender at position `r` in the
+//! sender list has sequence number `seq = index × senders + r`.
+
+use std::sync::Arc;
+
+use spindle_fabric::{Fabric, FabricError, PeerSet, RowRef};
+
+use crate::config::{DeliveryMode, GroupConfig};
+use crate::counters::{self, Counters};
+use crate::layout::{SmcLayout, NULL_COUNT_SKIP, SLOT_HEADER_BYTES};
+use crate::send_ring::SendRing;
+use crate::sync::Ordering;
+use crate::GroupError;
+
+/// One delivered message. `payload` points into the sender's ring and is
+/// valid only during the callback.
+#[derive(Debug)]
+pub struct Delivery<'a> {
+    /// The view (epoch) it was sent in; static groups have view 0.
+    pub view: u64,
+    /// Member rank of the sender.
+    pub sender_rank: usize,
+    /// Position of the sender in the view's sender list.
+    pub sender_index: usize,
+    /// The message's index in its sender's stream (nulls take indices too).
+    pub index: u64,
+    /// Position in the total order: `index × senders + sender_index`.
+    pub seq: u64,
+    pub payload: &'a [u8],
+}
+
+/// Positions of one member, for tests and tools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Positions {
+    pub published_slots: u64,
+    pub next_msg_index: u64,
+    pub received_num: Vec<u64>,
+    pub received_frontier: u64,
+    pub stable: u64,
+    pub delivered_num: u64,
+}
+
+/// Messages one delivery pass may hand over before yielding the loop.
+const DELIVERY_BUDGET_PER_SENDER: u64 = 1 << 16;
+
+pub struct GroupCore<F: Fabric> {
+    fabric: Arc<F>,
+    pub(crate) layout: Arc<SmcLayout>,
+    mode: DeliveryMode,
+    batching: bool,
+    view: u64,
+    my_rank: usize,
+    member_count: usize,
+    peers: PeerSet,
+    sender_ranks: Vec<usize>,
+    my_sender_index: Option<usize>,
+    pub(crate) ring: Option<Arc<SendRing>>,
+    published_slots: u64,
+    next_msg_index: u64,
+    recv_slots: Vec<u64>,
+    recv_msgs: Vec<u64>,
+    deliver_slots: Vec<u64>,
+    delivered_num: u64,
+    received_frontier: u64,
+    null_target: u64,
+    flow_limit: u64,
+    pub(crate) counters: Counters,
+    peer_check_interval_ns: u64,
+    last_peer_check_ns: u64,
+    finished_peers: PeerSet,
+}
+
+impl<F: Fabric> GroupCore<F> {
+    /// A member's protocol state over a fabric whose rows follow `layout`.
+    pub fn new(
+        fabric: Arc<F>,
+        config: &GroupConfig,
+        layout: SmcLayout,
+    ) -> Result<GroupCore<F>, GroupError> {
+        config.validate()?;
+        if fabric.row_len_bytes() < layout.row.row_len_bytes()
+            || fabric.member_count() != config.members
+        {
+            return Err(GroupError::Config(format!(
+                "fabric ({} members, {} B rows) does not fit the layout ({} members, {} B rows)",
+                fabric.member_count(),
+                fabric.row_len_bytes(),
+                config.members,
+                layout.row.row_len_bytes()
+            )));
+        }
+        let my_rank = fabric.member_rank();
+        let sender_ranks = config.senders.ranks(config.members);
+        let my_sender_index = sender_ranks.iter().position(|r| *r == my_rank);
+        let senders = sender_ranks.len();
+        let ring = my_sender_index.map(|_| Arc::new(SendRing::new(config.window_slots)));
+        Ok(GroupCore {
+            peers: PeerSet::all_except(my_rank, config.members),
+            member_count: config.members,
+            my_rank,
+            fabric,
+            mode: config.mode,
+            batching: config.batching,
+            view: 0,
+            sender_ranks,
+            my_sender_index,
+            ring,
+            published_slots: 0,
+            next_msg_index: 0,
+            recv_slots: vec![0; senders],
+            recv_msgs: vec![0; senders],
+            deliver_slots: vec![0; senders],
+            delivered_num: 0,
+            received_frontier: 0,
+            null_target: 0,
+            flow_limit: config.window_slots as u64,
+            counters: Counters::default(),
+            peer_check_interval_ns: config.peer_check_interval.as_nanos() as u64,
+            last_peer_check_ns: 0,
+            finished_peers: PeerSet::default(),
+            layout: Arc::new(layout),
+        })
+    }
+
+    pub fn fabric(&self) -> &Arc<F> {
+        &self.fabric
+    }
+    pub fn my_rank(&self) -> usize {
+        self.my_rank
+    }
+    pub fn sender_ranks(&self) -> &[usize] {
+        &self.sender_ranks
+    }
+    pub fn my_sender_index(&self) -> Option<usize> {
+        self.my_sender_index
+    }
+    pub fn view(&self) -> u64 {
+        self.view
+    }
+
+    #[inline(always)]
+    fn row(&self, rank: usize) -> RowRef<'_> {
+        self.fabric.row(rank)
+    }
+
+    /// One bounded pass (see the module docs). `deliver` is called once per
+    /// delivered message, in delivery order.
+    pub fn step<D: FnMut(&Delivery<'_>)>(
+        &mut self,
+        now_ns: u64,
+        deliver: &mut D,
+    ) -> Result<u32, GroupError> {
+        let mut work = 0u32;
+        if self.my_sender_index.is_some() {
+            work += self.publish()?;
+        }
+        let received = self.receive(deliver)?;
+        work += received;
+        if self.my_sender_index.is_some() && self.send_nulls_if_blocking() {
+            work += self.publish()?;
+        }
+        if self.mode == DeliveryMode::Ordered {
+            work += self.deliver_stable(deliver)?;
+        }
+        if let Some(si) = self.my_sender_index {
+            self.update_flow_limit(si);
+        }
+        self.counters.add(counters::STEPS, 1);
+        if work > 0 {
+            // Receiver and delivery batching: counters stored as they moved,
+            // published once per pass.
+            self.push_progress()?;
+            self.flush_counters();
+        } else if now_ns.saturating_sub(self.last_peer_check_ns) >= self.peer_check_interval_ns {
+            self.last_peer_check_ns = now_ns;
+            self.flush_counters();
+            let hb = &self.layout.heartbeat;
+            self.row(self.my_rank)
+                .u64_at(hb.offset())
+                .fetch_add(1, Ordering::Relaxed);
+            self.check_peers()?;
+        }
+        Ok(work)
+    }
+
+    /// Whether a pass would find something to do (cheap; before parking).
+    pub fn has_work(&self) -> bool {
+        if let Some(ring) = &self.ring {
+            if ring.scan(self.published_slots) > 0 {
+                return true;
+            }
+        }
+        for (i, &rank) in self.sender_ranks.iter().enumerate() {
+            if self
+                .row(rank)
+                .u64_at(self.layout.guard.offset())
+                .load(Ordering::Acquire)
+                > self.recv_slots[i]
+            {
+                return true;
+            }
+        }
+        self.mode == DeliveryMode::Ordered && self.stable() > self.delivered_num
+    }
+
+    // ---- 1. publish -------------------------------------------------------
+
+    fn publish(&mut self) -> Result<u32, GroupError> {
+        let ring = self.ring.as_ref().expect("publish: only senders publish");
+        let n = ring.scan(self.published_slots);
+        if n == 0 {
+            return Ok(0);
+        }
+        let fabric = Arc::clone(&self.fabric);
+        let me = fabric.row(self.my_rank);
+        let from = self.published_slots;
+        let mut data_msgs = 0u64;
+        let mut data_bytes = 0u64;
+        for p in from..from + n {
+            let off = self.layout.slot_offset(p);
+            let null_count = me.u32_at(off + 8).load(Ordering::Relaxed);
+            if null_count == NULL_COUNT_SKIP {
+                continue;
+            }
+            me.u64_at(off).store(self.next_msg_index, Ordering::Relaxed);
+            if null_count == 0 {
+                data_msgs += 1;
+                data_bytes += me.u32_at(off + 12).load(Ordering::Relaxed) as u64;
+                self.next_msg_index += 1;
+            } else {
+                self.next_msg_index += null_count as u64;
+            }
+        }
+        let guard = self.layout.guard.offset();
+        if self.batching {
+            // Sender batching: one push of all slots, then one guard update.
+            for r in self.layout.ring_ranges(from, from + n) {
+                if !r.is_empty() {
+                    self.fabric.push(r, self.peers)?;
+                }
+            }
+            // Partner: the Acquire load of the guard in `receive_from`.
+            me.u64_at(guard).store(from + n, Ordering::Release);
+            self.fabric.push(guard..guard + 8, self.peers)?;
+            self.counters.add(counters::PUBLISH_BATCHES, 1);
+        } else {
+            for p in from..from + n {
+                for r in self.layout.ring_ranges(p, p + 1) {
+                    if !r.is_empty() {
+                        self.fabric.push(r, self.peers)?;
+                    }
+                }
+                // Partner: the Acquire load of the guard in `receive_from`.
+                me.u64_at(guard).store(p + 1, Ordering::Release);
+                self.fabric.push(guard..guard + 8, self.peers)?;
+                self.counters.add(counters::PUBLISH_BATCHES, 1);
+            }
+        }
+        self.published_slots = from + n;
+        self.counters.add(counters::PUBLISH_BATCH_SLOTS, n);
+        self.counters.add(counters::SENT_MSGS, data_msgs);
+        self.counters.add(counters::SENT_BYTES, data_bytes);
+        self.fabric.doorbell().ring();
+        Ok(n as u32)
+    }
+
+    // ---- 2. receive -------------------------------------------------------
+
+    fn receive<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
+        let mut work = 0u32;
+        for i in 0..self.sender_ranks.len() {
+            work += self.receive_from(i, deliver);
+        }
+        if work > 0 {
+            let senders = self.sender_ranks.len() as u64;
+            let frontier = (0..self.sender_ranks.len())
+                .map(|i| self.recv_msgs[i] * senders + i as u64)
+                .min()
+                .expect("at least one sender");
+            debug_assert!(
+                frontier >= self.received_frontier,
+                "total order: the receive frontier never moves back"
+            );
+            self.received_frontier = frontier;
+            let me = self.row(self.my_rank);
+            me.u64_at(self.layout.received_frontier.offset())
+                .store(frontier, Ordering::Release);
+            self.counters.add(counters::RECEIVE_BATCHES, 1);
+            if !self.batching {
+                self.push_progress()?;
+            }
+        }
+        Ok(work)
+    }
+
+    /// Drain sender `i` up to its guard. Returns slots consumed.
+    fn receive_from<D: FnMut(&Delivery<'_>)>(&mut self, i: usize, deliver: &mut D) -> u32 {
+        let rank = self.sender_ranks[i];
+        let fabric = Arc::clone(&self.fabric);
+        let row = fabric.row(rank);
+        // Partner: the Release store of the guard in `publish`.
+        let guard = row
+            .u64_at(self.layout.guard.offset())
+            .load(Ordering::Acquire);
+        let mut p = self.recv_slots[i];
+        if guard <= p {
+            return 0;
+        }
+        assert!(
+            guard - self.deliver_slots[i] <= self.layout.window_slots as u64,
+            "flow control: sender {rank} published slot {guard} past the window of member {}",
+            self.my_rank
+        );
+        let mut msgs = self.recv_msgs[i];
+        let senders = self.sender_ranks.len() as u64;
+        let start = p;
+        while p < guard {
+            let off = self.layout.slot_offset(p);
+            let null_count = row.u32_at(off + 8).load(Ordering::Relaxed);
+            p += 1;
+            if null_count == NULL_COUNT_SKIP {
+                continue;
+            }
+            let index = row.u64_at(off).load(Ordering::Relaxed);
+            assert_eq!(
+                index,
+                msgs,
+                "per-sender FIFO: sender {rank} slot {} carries index {index}, expected {msgs}",
+                p - 1
+            );
+            if null_count == 0 {
+                msgs += 1;
+                if self.mode == DeliveryMode::Unordered {
+                    let len = row.u32_at(off + 12).load(Ordering::Relaxed) as usize;
+                    // SAFETY: the guard (Acquire above) published this slot, and
+                    // the sender cannot reuse it before we release it (we publish
+                    // released_slots only after this callback returns).
+                    let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
+                    let seq = index * senders + i as u64;
+                    deliver(&Delivery {
+                        view: self.view,
+                        sender_rank: rank,
+                        sender_index: i,
+                        index,
+                        seq,
+                        payload,
+                    });
+                    self.counters.add(counters::DELIVERED_MSGS, 1);
+                    self.counters.add(counters::DELIVERED_BYTES, len as u64);
+                }
+            } else {
+                msgs += null_count as u64;
+            }
+        }
+        self.counters
+            .add(counters::RECEIVED_MSGS, msgs - self.recv_msgs[i]);
+        self.recv_slots[i] = p;
+        self.recv_msgs[i] = msgs;
+        let me = fabric.row(self.my_rank);
+        me.u64_at(self.layout.received_num.offset(i))
+            .store(msgs, Ordering::Release);
+        if self.mode == DeliveryMode::Unordered {
+            self.deliver_slots[i] = p;
+            me.u64_at(self.layout.released_slots.offset(i))
+                .store(p, Ordering::Release);
+            self.counters.add(counters::DELIVERY_BATCHES, 1);
+        }
+        (p - start) as u32
+    }
+
+    // ---- 3. nulls ---------------------------------------------------------
+
+    /// Spindle's null rule: only a sender with nothing in flight whose
+    /// missing indices hold back others' received messages sends nulls,
+    /// all of them in one slot. Returns whether it committed a null slot.
+    fn send_nulls_if_blocking(&mut self) -> bool {
+        let si = self.my_sender_index.expect("only senders send nulls");
+        let senders = self.sender_ranks.len();
+        if senders == 1 {
+            return false;
+        }
+        let mut target = 0u64;
+        for j in (0..senders).filter(|j| *j != si) {
+            let n = self.recv_msgs[j];
+            let need = if j > si { n } else { n.saturating_sub(1) };
+            target = target.max(need);
+        }
+        self.null_target = target;
+        let ring = self.ring.as_ref().expect("sender has a ring");
+        if target <= self.next_msg_index || ring.reserved() != self.published_slots {
+            return false;
+        }
+        let Some(p) = ring.reserve() else {
+            return false;
+        };
+        let run = (target - self.next_msg_index).min(NULL_COUNT_SKIP as u64 - 1) as u32;
+        let me = self.row(self.my_rank);
+        let off = self.layout.slot_offset(p);
+        me.u32_at(off + 8).store(run, Ordering::Relaxed);
+        me.u32_at(off + 12).store(0, Ordering::Relaxed);
+        ring.commit(p);
+        self.counters.add(counters::NULLS_SENT, run as u64);
+        self.counters.add(counters::NULL_RUNS, 1);
+        true
+    }
+
+    // ---- 4. deliver -------------------------------------------------------
+
+    /// min over members of their receive frontier.
+    pub fn stable(&self) -> u64 {
+        let off = self.layout.received_frontier.offset();
+        let mut stable = self.received_frontier;
+        for rank in 0..self.member_count {
+            if rank != self.my_rank {
+                // Partner: the Release store of the frontier in `receive`.
+                stable = stable.min(self.row(rank).u64_at(off).load(Ordering::Acquire));
+            }
+        }
+        stable
+    }
+
+    fn deliver_stable<D: FnMut(&Delivery<'_>)>(
+        &mut self,
+        deliver: &mut D,
+    ) -> Result<u32, GroupError> {
+        let stable = self.stable();
+        if stable <= self.delivered_num {
+            return Ok(0);
+        }
+        debug_assert!(
+            stable <= self.received_frontier,
+            "stability: stable {stable} beyond own frontier"
+        );
+        let senders = self.sender_ranks.len() as u64;
+        let end = stable.min(self.delivered_num + DELIVERY_BUDGET_PER_SENDER * senders);
+        let start = self.delivered_num;
+        let mut q = start;
+        let (mut index, mut s) = (q / senders, (q % senders) as usize);
+        let mut delivered = 0u64;
+        let mut bytes = 0u64;
+        let fabric = Arc::clone(&self.fabric);
+        while q < end {
+            let rank = self.sender_ranks[s];
+            let row = fabric.row(rank);
+            let mut p = self.deliver_slots[s];
+            loop {
+                debug_assert!(
+                    p < self.recv_slots[s],
+                    "stability: seq {q} delivered before it was received"
+                );
+                let off = self.layout.slot_offset(p);
+                let null_count = row.u32_at(off + 8).load(Ordering::Relaxed);
+                if null_count == NULL_COUNT_SKIP {
+                    p += 1;
+                    continue;
+                }
+                let first = row.u64_at(off).load(Ordering::Relaxed);
+                if null_count == 0 {
+                    assert_eq!(first, index, "total order: sender {rank} slot {p} holds index {first}, seq {q} needs {index}");
+                    let len = row.u32_at(off + 12).load(Ordering::Relaxed) as usize;
+                    // SAFETY: slot p was published by the guard we loaded with
+                    // Acquire when receiving it, and stays ours until we store
+                    // released_slots past it (after this callback returns).
+                    let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
+                    deliver(&Delivery {
+                        view: self.view,
+                        sender_rank: rank,
+                        sender_index: s,
+                        index,
+                        seq: q,
+                        payload,
+                    });
+                    delivered += 1;
+                    bytes += len as u64;
+                    p += 1;
+                } else {
+                    let last = first + null_count as u64 - 1;
+                    debug_assert!(
+                        index >= first && index <= last,
+                        "total order: null run {first}..={last} skips {index}"
+                    );
+                    if index == last {
+                        p += 1;
+                    }
+                }
+                break;
+            }
+            self.deliver_slots[s] = p;
+            q += 1;
+            s += 1;
+            if s as u64 == senders {
+                s = 0;
+                index += 1;
+            }
+            if !self.batching {
+                self.delivered_num = q;
+                self.store_delivery_progress();
+                self.push_progress()?;
+            }
+        }
+        self.delivered_num = q;
+        self.store_delivery_progress();
+        self.counters.add(counters::DELIVERY_BATCHES, 1);
+        self.counters.add(counters::DELIVERED_MSGS, delivered);
+        self.counters.add(counters::DELIVERED_BYTES, bytes);
+        self.counters.values[counters::STABLE] = stable;
+        Ok((q - start) as u32)
+    }
+
+    fn store_delivery_progress(&self) {
+        let me = self.row(self.my_rank);
+        me.u64_at(self.layout.delivered_num.offset())
+            .store(self.delivered_num, Ordering::Release);
+        for s in 0..self.sender_ranks.len() {
+            // Partner: the Acquire load in `update_flow_limit` of the sender.
+            me.u64_at(self.layout.released_slots.offset(s))
+                .store(self.deliver_slots[s], Ordering::Release);
+        }
+    }
+
+    fn push_progress(&self) -> Result<(), FabricError> {
+        self.fabric.push(self.layout.progress_range(), self.peers)?;
+        self.fabric.doorbell().ring();
+        Ok(())
+    }
+
+    // ---- 5. flow control --------------------------------------------------
+
+    fn update_flow_limit(&mut self, si: usize) {
+        let off = self.layout.released_slots.offset(si);
+        let mut released = u64::MAX;
+        for rank in 0..self.member_count {
+            // Partner: the Release store in `store_delivery_progress` /
+            // `receive_from` of each member.
+            released = released.min(self.row(rank).u64_at(off).load(Ordering::Acquire));
+        }
+        let limit = released + self.layout.window_slots as u64;
+        if limit > self.flow_limit {
+            self.flow_limit = limit;
+            self.ring.as_ref().expect("sender ring").set_limit(limit);
+        }
+    }
+
+    // ---- liveness and observability --------------------------------------
+
+    fn check_peers(&mut self) -> Result<(), GroupError> {
+        match self.fabric.check_peers() {
+            Ok(()) => Ok(()),
+            Err(FabricError::PeerGone { rank }) | Err(FabricError::PeerLeft { rank }) => {
+                if self.peer_finished(rank) {
+                    self.finished_peers.0 |= 1 << rank;
+                    Ok(())
+                } else {
+                    Err(GroupError::MemberGone { rank })
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn peer_finished(&self, rank: usize) -> bool {
+        self.row(rank)
+            .u64_at(self.layout.finished.offset())
+            .load(Ordering::Acquire)
+            != 0
+    }
+
+    /// Mark this member finished (it has all it wants and will leave).
+    pub fn set_finished(&self) -> Result<(), FabricError> {
+        let off = self.layout.finished.offset();
+        self.row(self.my_rank)
+            .u64_at(off)
+            .store(1, Ordering::Release);
+        self.push_progress_all()
+    }
+
+    fn push_progress_all(&self) -> Result<(), FabricError> {
+        let start = self.layout.received_frontier.offset();
+        self.fabric
+            .push(start..self.layout.progress_range().end, self.peers)?;
+        self.fabric.doorbell().ring();
+        Ok(())
+    }
+
+    /// Whether every member has marked itself finished.
+    pub fn all_finished(&self) -> bool {
+        (0..self.member_count).all(|r| self.peer_finished(r))
+    }
+
+    /// Copy the private counters into the row for `spindle stat`.
+    pub(crate) fn flush_counters(&mut self) {
+        if let Some(ring) = &self.ring {
+            self.counters.values[counters::BACKPRESSURE] =
+                ring.backpressure.load(Ordering::Relaxed);
+        }
+        let me = self.row(self.my_rank);
+        for (id, value) in self.counters.values.iter().enumerate() {
+            me.u64_at(self.layout.counters.offset(id))
+                .store(*value, Ordering::Relaxed);
+        }
+    }
+
+    pub fn record_idle(&mut self, parks: u64, yields: u64) {
+        self.counters.values[counters::PARKS] = parks;
+        self.counters.values[counters::YIELDS] = yields;
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn positions(&self) -> Positions {
+        Positions {
+            published_slots: self.published_slots,
+            next_msg_index: self.next_msg_index,
+            received_num: self.recv_msgs.clone(),
+            received_frontier: self.received_frontier,
+            stable: self.stable(),
+            delivered_num: self.delivered_num,
+        }
+    }
+}

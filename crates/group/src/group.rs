@@ -1,0 +1,207 @@
+//! [`Group`]: the application's handle on one member of a static group.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use spindle_fabric::doorbell::Doorbell;
+use spindle_fabric::shm::{ShmFabric, ShmOptions};
+use spindle_fabric::Fabric;
+use spindle_sst::{monotonic_ns, Agent, AgentRunner, Idler, ThreadingMode};
+
+use crate::config::GroupConfig;
+use crate::core::{Delivery, GroupCore};
+use crate::layout::SmcLayout;
+use crate::sender::Sender;
+use crate::GroupError;
+
+/// One member of a group. In invoker mode the application drives it with
+/// [`Group::poll`]; [`Group::spawn`] moves it onto a progress thread.
+///
+/// ```no_run
+/// use spindle_group::{Group, GroupConfig};
+/// let mut group = Group::join_shm(GroupConfig::new("doc-group", 1), 0).unwrap();
+/// group.sender().unwrap().send(b"hello").unwrap();
+/// let mut got = Vec::new();
+/// while got.is_empty() {
+///     group.poll(&mut |d| got.push(d.payload.to_vec())).unwrap();
+/// }
+/// assert_eq!(got[0], b"hello");
+/// ```
+pub struct Group<F: Fabric> {
+    core: GroupCore<F>,
+    idler: Idler,
+    config: GroupConfig,
+}
+
+impl Group<ShmFabric> {
+    /// Join group `config.name` on this host's shared memory as member
+    /// `rank`, waiting (up to `config.join_timeout`) for every member.
+    pub fn join_shm(config: GroupConfig, rank: usize) -> Result<Group<ShmFabric>, GroupError> {
+        config.validate()?;
+        let layout = SmcLayout::new(&config);
+        let mut options = ShmOptions::new(
+            &config.name,
+            config.members,
+            layout.row.row_len_bytes(),
+            layout.row.tag(),
+        );
+        options.layout_description = layout.row.summary();
+        let fabric = Arc::new(ShmFabric::open(&options, rank)?);
+        Group::join(fabric, config)
+    }
+}
+
+impl<F: Fabric> Group<F> {
+    /// Join over an opened fabric, waiting for every member to join.
+    pub fn join(fabric: Arc<F>, config: GroupConfig) -> Result<Group<F>, GroupError> {
+        let layout = SmcLayout::new(&config);
+        spindle_fabric::wait_all_joined(fabric.as_ref(), &config.name, config.join_timeout)?;
+        let core = GroupCore::new(fabric, &config, layout)?;
+        Ok(Group {
+            core,
+            idler: Idler::new(config.idle),
+            config,
+        })
+    }
+
+    /// A sending handle, if this member is a sender.
+    pub fn sender(&self) -> Option<Sender<F>> {
+        self.core.ring.as_ref().map(|ring| {
+            Sender::new(
+                self.core.fabric().clone(),
+                ring.clone(),
+                self.core.layout.clone(),
+            )
+        })
+    }
+
+    pub fn config(&self) -> &GroupConfig {
+        &self.config
+    }
+    pub fn core(&self) -> &GroupCore<F> {
+        &self.core
+    }
+    pub fn my_rank(&self) -> usize {
+        self.core.my_rank()
+    }
+
+    /// One progress pass; `deliver` sees every message delivered in it.
+    #[inline]
+    pub fn poll<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
+        self.core.step(monotonic_ns(), deliver)
+    }
+
+    /// One pass, then the idle strategy if it found nothing to do.
+    #[inline]
+    pub fn poll_or_idle<D: FnMut(&Delivery<'_>)>(
+        &mut self,
+        deliver: &mut D,
+    ) -> Result<u32, GroupError> {
+        let work = self.core.step(monotonic_ns(), deliver)?;
+        let core = &self.core;
+        self.idler
+            .idle(work, core.fabric().doorbell(), || core.has_work());
+        if work == 0 {
+            let (parks, yields) = (self.idler.parks, self.idler.yields);
+            self.core.record_idle(parks, yields);
+        }
+        Ok(work)
+    }
+
+    /// Leave cleanly: mark this member finished, then keep the protocol
+    /// running (delivering into `deliver`) until every member is finished,
+    /// so nobody mistakes our exit for a crash.
+    pub fn finish<D: FnMut(&Delivery<'_>)>(
+        &mut self,
+        deliver: &mut D,
+        timeout: Duration,
+    ) -> Result<(), GroupError> {
+        self.core.set_finished()?;
+        let started = Instant::now();
+        while !self.core.all_finished() {
+            self.poll_or_idle(deliver)?;
+            if started.elapsed() > timeout {
+                return Err(GroupError::Config(format!(
+                    "members did not all finish within {} ms",
+                    timeout.as_millis()
+                )));
+            }
+        }
+        self.core.flush_counters();
+        Ok(())
+    }
+
+    /// Run the protocol on a progress thread (dedicated mode), handing
+    /// every delivery to `handler` on that thread.
+    pub fn spawn<H>(self, handler: H) -> GroupThread<F>
+    where
+        H: FnMut(&Delivery<'_>) + Send + 'static,
+    {
+        let idle = self.config.idle;
+        let agent = GroupAgent {
+            group: self,
+            handler: Box::new(handler),
+        };
+        GroupThread {
+            runner: AgentRunner::start(ThreadingMode::Dedicated, vec![agent], idle),
+        }
+    }
+}
+
+type Handler = Box<dyn FnMut(&Delivery<'_>) + Send>;
+
+/// A group and its delivery handler as a runtime [`Agent`].
+pub struct GroupAgent<F: Fabric> {
+    pub group: Group<F>,
+    handler: Handler,
+}
+
+impl<F: Fabric> GroupAgent<F> {
+    pub fn new<H: FnMut(&Delivery<'_>) + Send + 'static>(
+        group: Group<F>,
+        handler: H,
+    ) -> GroupAgent<F> {
+        GroupAgent {
+            group,
+            handler: Box::new(handler),
+        }
+    }
+}
+
+impl<F: Fabric> Agent for GroupAgent<F> {
+    type Error = GroupError;
+    fn do_work(&mut self, now_ns: u64) -> Result<u32, GroupError> {
+        self.group.core.step(now_ns, &mut self.handler)
+    }
+    fn has_work(&self) -> bool {
+        self.group.core.has_work()
+    }
+    fn doorbell(&self) -> &dyn Doorbell {
+        self.group.core.fabric().doorbell()
+    }
+    fn record_idle(&mut self, parks: u64, yields: u64) {
+        self.group.core.record_idle(parks, yields);
+    }
+    fn name(&self) -> String {
+        format!("{}#{}", self.group.config.name, self.group.my_rank())
+    }
+}
+
+/// A group running on its own progress thread.
+pub struct GroupThread<F: Fabric> {
+    runner: AgentRunner<GroupAgent<F>>,
+}
+
+impl<F: Fabric> GroupThread<F> {
+    /// Whether the progress thread has stopped (it failed: see `stop`).
+    pub fn has_failed(&self) -> bool {
+        self.runner.any_finished()
+    }
+
+    /// Stop the thread and get the group back (invoker mode again), or the
+    /// error that stopped it.
+    pub fn stop(self) -> Result<Group<F>, GroupError> {
+        let mut agents = self.runner.stop()?;
+        Ok(agents.pop().expect("one agent").group)
+    }
+}

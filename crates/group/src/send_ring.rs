@@ -1,0 +1,166 @@
+//! The lock-free reservation ring that lets several application threads
+//! send at once, and the progress loop publish what they committed.
+//!
+//! ```text
+//!   positions:   published ≤ (committed, in any order) < reserved ≤ limit
+//!                 ▲ progress loop     ▲ app threads           ▲ flow control
+//! ```
+//!
+//! - `reserve` (any thread): CAS `reserved` from `r` to `r + 1` while
+//!   `r < limit`: the thread owns slot position `r`. No lock, no wait:
+//!   a full window returns `None` (back-pressure).
+//! - `commit(r)` (the owner): store `r + 1` in `committed[r % W]` with
+//!   Release. Storing the position (not a flag) makes a stale mark from
+//!   the previous lap of the ring harmless.
+//! - `scan` (progress loop only): count consecutive committed positions
+//!   from `published`, loading marks with Acquire: whatever the owner
+//!   wrote into the slot before committing is visible to the publisher,
+//!   which then makes it visible to peers with the guard.
+//! - `set_limit` (progress loop): flow control raises `limit` to
+//!   `min(released) + W`.
+
+use crossbeam_utils::CachePadded;
+
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
+
+pub struct SendRing {
+    reserved: CachePadded<AtomicU64>,
+    limit: CachePadded<AtomicU64>,
+    committed: Box<[AtomicU64]>,
+    window_slots: u64,
+    /// Sends refused because the window was full.
+    pub backpressure: CachePadded<AtomicU64>,
+    stopped: AtomicBool,
+}
+
+impl SendRing {
+    pub fn new(window_slots: usize) -> SendRing {
+        assert!(
+            window_slots.is_power_of_two(),
+            "window_slots must be a power of two"
+        );
+        SendRing {
+            reserved: CachePadded::new(AtomicU64::new(0)),
+            limit: CachePadded::new(AtomicU64::new(window_slots as u64)),
+            committed: (0..window_slots).map(|_| AtomicU64::new(0)).collect(),
+            window_slots: window_slots as u64,
+            backpressure: CachePadded::new(AtomicU64::new(0)),
+            stopped: AtomicBool::new(false),
+        }
+    }
+
+    /// Take the next slot position, or `None` when the window is full.
+    #[inline]
+    pub fn reserve(&self) -> Option<u64> {
+        let mut r = self.reserved.load(Ordering::Relaxed);
+        loop {
+            // Partner: the Release store in `set_limit`: a position below
+            // the limit is one every member has released.
+            if r >= self.limit.load(Ordering::Acquire) {
+                self.backpressure.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            match self.reserved.compare_exchange_weak(
+                r,
+                r + 1,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(r),
+                Err(seen) => r = seen,
+            }
+        }
+    }
+
+    /// Mark `position` committed (its owner has finished writing the slot).
+    #[inline]
+    pub fn commit(&self, position: u64) {
+        let mark = &self.committed[(position % self.window_slots) as usize];
+        debug_assert!(
+            mark.load(Ordering::Relaxed) <= position,
+            "no duplication: position {position} committed twice"
+        );
+        // Partner: the Acquire load in `scan`.
+        mark.store(position + 1, Ordering::Release);
+    }
+
+    /// How many positions from `published` on are committed (at most a
+    /// window's worth).
+    #[inline]
+    pub fn scan(&self, published: u64) -> u64 {
+        let mut n = 0;
+        while n < self.window_slots {
+            let p = published + n;
+            // Partner: the Release store in `commit`.
+            if self.committed[(p % self.window_slots) as usize].load(Ordering::Acquire) != p + 1 {
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// Raise the flow-control limit (progress loop only; never lowers it).
+    #[inline]
+    pub fn set_limit(&self, limit: u64) {
+        debug_assert!(
+            limit >= self.limit.load(Ordering::Relaxed),
+            "flow-control limit never moves back"
+        );
+        // Partner: the Acquire load in `reserve`.
+        self.limit.store(limit, Ordering::Release);
+    }
+
+    /// Positions handed out so far.
+    #[inline]
+    pub fn reserved(&self) -> u64 {
+        self.reserved.load(Ordering::Acquire)
+    }
+
+    pub fn window_slots(&self) -> u64 {
+        self.window_slots
+    }
+
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_respects_limit_and_scan_stops_at_holes() {
+        let ring = SendRing::new(4);
+        let got: Vec<u64> = (0..5).filter_map(|_| ring.reserve()).collect();
+        assert_eq!(
+            got,
+            vec![0, 1, 2, 3],
+            "window of 4: the fifth reservation is refused"
+        );
+        assert_eq!(ring.backpressure.load(Ordering::Relaxed), 1);
+        ring.commit(1);
+        assert_eq!(
+            ring.scan(0),
+            0,
+            "position 0 not committed: nothing publishable"
+        );
+        ring.commit(0);
+        assert_eq!(ring.scan(0), 2);
+        ring.set_limit(6);
+        assert_eq!(ring.reserve(), Some(4));
+        ring.commit(2);
+        ring.commit(3);
+        ring.commit(4);
+        assert_eq!(
+            ring.scan(2),
+            3,
+            "stale marks from the last lap do not count"
+        );
+    }
+}

@@ -1,0 +1,254 @@
+//! Scenario tests: several members of one group, each on its own thread
+//! with its own mapping of the group's shm file (as separate processes
+//! would have), checked with the delivery-log invariant checkers.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use spindle_group::invariants::{self, LogEntry, Logs};
+use spindle_group::{DeliveryMode, Group, GroupConfig, GroupError, SendError, SenderSet};
+
+fn unique_name(test: &str) -> String {
+    format!("t-{}-{test}", std::process::id())
+}
+
+struct Run {
+    members: usize,
+    senders: SenderSet,
+    mode: DeliveryMode,
+    per_sender: u64,
+    window_slots: usize,
+    batching: bool,
+    sizes: fn(u64) -> usize,
+}
+
+impl Run {
+    fn new(members: usize) -> Run {
+        Run {
+            members,
+            senders: SenderSet::All,
+            mode: DeliveryMode::Ordered,
+            per_sender: 2_000,
+            window_slots: 16,
+            batching: true,
+            sizes: |i| (i % 61) as usize + 1,
+        }
+    }
+
+    /// Run every member to completion and return their delivery logs.
+    fn go(&self, name: &str) -> Logs {
+        let mut config = GroupConfig::new(&unique_name(name), self.members);
+        config.senders = self.senders.clone();
+        config.mode = self.mode;
+        config.window_slots = self.window_slots;
+        config.slot_payload_max = 64;
+        config.batching = self.batching;
+        let sender_ranks = config.senders.ranks(self.members);
+        let total = self.per_sender * sender_ranks.len() as u64;
+        let threads: Vec<_> = (0..self.members)
+            .map(|rank| {
+                let config = config.clone();
+                let (per_sender, sizes) = (self.per_sender, self.sizes);
+                std::thread::spawn(move || member(config, rank, per_sender, total, sizes))
+            })
+            .collect();
+        let mut logs = Logs::new();
+        for (rank, t) in threads.into_iter().enumerate() {
+            logs.insert(rank, t.join().expect("member thread"));
+        }
+        let expected: BTreeMap<usize, u64> =
+            sender_ranks.iter().map(|r| (*r, self.per_sender)).collect();
+        invariants::check_all(&logs, &expected, self.mode == DeliveryMode::Ordered)
+            .expect("invariants hold");
+        logs
+    }
+}
+
+fn member(
+    config: GroupConfig,
+    rank: usize,
+    per_sender: u64,
+    total: u64,
+    sizes: fn(u64) -> usize,
+) -> Vec<LogEntry> {
+    let mut group = Group::join_shm(config, rank).expect("join");
+    let sender = group.sender();
+    let mut sent = 0u64;
+    let mut log = Vec::new();
+    let mut record = |d: &spindle_group::Delivery<'_>| {
+        assert!(
+            d.payload.iter().all(|b| *b == d.sender_rank as u8 + 1),
+            "payload intact"
+        );
+        log.push(LogEntry {
+            member: rank,
+            view: d.view,
+            sender: d.sender_rank,
+            index: d.index,
+            seq: d.seq,
+            len: d.payload.len() as u64,
+            xxh3: format!("{:016x}", xxhash_rust_free(d.payload)),
+        });
+    };
+    loop {
+        if let Some(s) = &sender {
+            while sent < per_sender {
+                let len = sizes(sent);
+                match s.reserve(len) {
+                    Ok(mut slot) => {
+                        slot.payload_mut().fill(rank as u8 + 1);
+                        slot.commit();
+                        sent += 1;
+                    }
+                    Err(SendError::WouldBlock) => break,
+                    Err(e) => panic!("send: {e}"),
+                }
+            }
+        }
+        group.poll_or_idle(&mut record).expect("poll");
+        if done(&group, total) {
+            break;
+        }
+    }
+    group
+        .finish(&mut |_| {}, Duration::from_secs(30))
+        .expect("finish");
+    log
+}
+
+fn done(group: &Group<spindle_fabric::shm::ShmFabric>, total: u64) -> bool {
+    group.core().counters().values[spindle_group::counters::DELIVERED_MSGS] >= total
+}
+
+fn xxhash_rust_free(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+#[test]
+fn three_members_all_senders_ordered_agree_on_one_order() {
+    Run::new(3).go("all3");
+}
+
+#[test]
+fn unordered_mode_is_fifo_per_sender_with_no_gaps() {
+    let mut run = Run::new(3);
+    run.mode = DeliveryMode::Unordered;
+    run.go("unord");
+}
+
+#[test]
+fn one_sender_needs_no_nulls_and_half_senders_work() {
+    let mut run = Run::new(2);
+    run.senders = SenderSet::One;
+    run.go("one");
+    let mut run = Run::new(4);
+    run.senders = SenderSet::Half;
+    run.go("half");
+}
+
+#[test]
+fn batching_off_delivers_the_same() {
+    let mut run = Run::new(2);
+    run.batching = false;
+    run.go("nobatch");
+}
+
+#[test]
+fn uneven_senders_are_unblocked_by_nulls() {
+    // Sender 1 sends nothing: only nulls from it let sender 0's messages
+    // become deliverable in the round-robin order.
+    let mut run = Run::new(2);
+    run.senders = SenderSet::Ranks(vec![0, 1]);
+    run.per_sender = 0;
+    let mut config = GroupConfig::new(&unique_name("nulls"), 2);
+    config.window_slots = 8;
+    config.slot_payload_max = 16;
+    let threads: Vec<_> = (0..2)
+        .map(|rank| {
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let mut group = Group::join_shm(config, rank).unwrap();
+                let sender = group.sender().unwrap();
+                let mut sent = 0;
+                let mut got = 0u64;
+                while got < 100 {
+                    if rank == 0 && sent < 100 && sender.send(&[1, 2, 3]).is_ok() {
+                        sent += 1;
+                    }
+                    group
+                        .poll_or_idle(&mut |d| {
+                            assert_eq!(d.sender_rank, 0, "only sender 0 sends data");
+                            got += 1;
+                        })
+                        .unwrap();
+                }
+                group.finish(&mut |_| {}, Duration::from_secs(30)).unwrap();
+                group.core().counters().values[spindle_group::counters::NULL_RUNS]
+            })
+        })
+        .collect();
+    let nulls: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(nulls[0], 0, "the busy sender never needs nulls");
+    assert!(nulls[1] > 0, "the idle sender sent null runs");
+}
+
+#[test]
+fn oversized_payload_is_rejected_not_truncated() {
+    let mut config = GroupConfig::new(&unique_name("big"), 1);
+    config.slot_payload_max = 100;
+    let group = Group::join_shm(config, 0).unwrap();
+    let err = group.sender().unwrap().send(&[0u8; 101]).unwrap_err();
+    assert_eq!(
+        err,
+        SendError::TooLarge {
+            len: 101,
+            slot_payload_max: 100
+        }
+    );
+}
+
+#[test]
+fn a_vanished_member_is_reported_by_rank() {
+    let config = GroupConfig::new(&unique_name("gone"), 2);
+    let c1 = config.clone();
+    let other = std::thread::spawn(move || {
+        let g = Group::join_shm(c1, 1).unwrap();
+        drop(g); // leaves without finishing: looks like a departure mid-run
+    });
+    let mut group = Group::join_shm(config, 0).unwrap();
+    other.join().unwrap();
+    let err = loop {
+        match group.poll_or_idle(&mut |_| {}) {
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(err, GroupError::MemberGone { rank: 1 }),
+        "got {err}"
+    );
+    assert!(err.to_string().contains("member 1 is gone"));
+}
+
+#[test]
+fn bad_configuration_names_the_bad_value() {
+    let mut config = GroupConfig::new("ok-name", 2);
+    config.window_slots = 1000;
+    let msg = config.validate().unwrap_err().to_string();
+    assert!(msg.contains("window_slots = 1000"), "{msg}");
+    let config = GroupConfig::new("bad/name", 2);
+    assert!(config
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("bad/name"));
+    let mut config = GroupConfig::new("ok-name", 2);
+    config.senders = SenderSet::Ranks(vec![5]);
+    assert!(config
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("rank 5"));
+}

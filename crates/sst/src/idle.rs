@@ -1,0 +1,136 @@
+//! Idle strategies: what a progress loop does when a pass found no work.
+//!
+//! `Backoff` spins (cheapest wake-up), then yields (lets the other members
+//! of a group that share the cores run), then parks on the fabric's
+//! doorbell with a timeout (so 8 processes on 2 cores still progress and
+//! an idle group burns no CPU). Any work resets it to spinning.
+
+use std::time::Duration;
+
+use spindle_fabric::doorbell::Doorbell;
+
+/// How a progress loop idles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdleStrategy {
+    /// Never give the core up: lowest latency, needs a core per loop.
+    BusySpin,
+    /// Spin `spins`, then yield `yields` times, then park up to `park`.
+    Backoff {
+        spins: u32,
+        yields: u32,
+        park: Duration,
+    },
+}
+
+impl IdleStrategy {
+    /// The default: 2,000 spins, 50 yields, parks of up to 1 ms.
+    pub const DEFAULT_BACKOFF: IdleStrategy = IdleStrategy::Backoff {
+        spins: 2_000,
+        yields: 50,
+        park: Duration::from_millis(1),
+    };
+
+    /// Parse `spin` or `backoff`.
+    pub fn parse(s: &str) -> Result<IdleStrategy, String> {
+        match s {
+            "spin" | "busy-spin" => Ok(IdleStrategy::BusySpin),
+            "backoff" => Ok(IdleStrategy::DEFAULT_BACKOFF),
+            other => Err(format!(
+                "unknown idle strategy '{other}': expected 'spin' or 'backoff'"
+            )),
+        }
+    }
+}
+
+/// The state of one loop's idle strategy, with its counters.
+pub struct Idler {
+    strategy: IdleStrategy,
+    idle_passes: u32,
+    /// Times the loop parked on the doorbell.
+    pub parks: u64,
+    /// Times the loop yielded the core.
+    pub yields: u64,
+}
+
+impl Idler {
+    pub fn new(strategy: IdleStrategy) -> Idler {
+        Idler {
+            strategy,
+            idle_passes: 0,
+            parks: 0,
+            yields: 0,
+        }
+    }
+
+    pub fn strategy(&self) -> IdleStrategy {
+        self.strategy
+    }
+
+    /// Call after every pass with the work it did. `has_work` re-checks
+    /// for work after announcing a park (the doorbell protocol's second
+    /// half); it is only called on the park path.
+    #[inline]
+    pub fn idle(&mut self, work: u32, doorbell: &dyn Doorbell, has_work: impl FnOnce() -> bool) {
+        if work > 0 {
+            self.idle_passes = 0;
+            return;
+        }
+        match self.strategy {
+            IdleStrategy::BusySpin => std::hint::spin_loop(),
+            IdleStrategy::Backoff {
+                spins,
+                yields,
+                park,
+            } => {
+                self.idle_passes = self.idle_passes.saturating_add(1);
+                if self.idle_passes <= spins {
+                    std::hint::spin_loop();
+                } else if self.idle_passes <= spins + yields {
+                    self.yields += 1;
+                    std::thread::yield_now();
+                } else {
+                    let ticket = doorbell.prepare_park();
+                    if has_work() {
+                        doorbell.cancel_park();
+                        self.idle_passes = 0;
+                    } else {
+                        self.parks += 1;
+                        doorbell.park(ticket, park);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forget past idleness (after an external event).
+    pub fn reset(&mut self) {
+        self.idle_passes = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spindle_fabric::doorbell::FutexDoorbell;
+
+    #[test]
+    fn backoff_goes_spin_yield_park_and_resets_on_work() {
+        let bell = FutexDoorbell::new_local();
+        let mut idler = Idler::new(IdleStrategy::Backoff {
+            spins: 2,
+            yields: 2,
+            park: Duration::from_micros(10),
+        });
+        for _ in 0..4 {
+            idler.idle(0, &bell, || false);
+        }
+        assert_eq!((idler.yields, idler.parks), (2, 0));
+        idler.idle(0, &bell, || false);
+        assert_eq!(idler.parks, 1);
+        idler.idle(0, &bell, || true);
+        assert_eq!(idler.parks, 1, "work found on re-check: no park");
+        idler.idle(1, &bell, || false);
+        idler.idle(0, &bell, || false);
+        assert_eq!(idler.yields, 2, "work resets to spinning");
+    }
+}
