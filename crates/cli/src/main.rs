@@ -1,1 +1,67 @@
-fn main() {}
+//! `spindle`: run, measure and watch Spindle groups.
+//!
+//! - `spindle demo`: a 3-member group on shared memory, no configuration.
+//! - `spindle bench multicast …`: bandwidth and latency, one process per
+//!   member, against a raw shm ring measured in the same run.
+//! - `spindle stat`: live counters of the groups on this host.
+
+mod baseline;
+mod bench;
+mod demo;
+mod member;
+mod payload;
+mod plot;
+mod report;
+mod stat;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "spindle", version, about = "Fast, safe replication of small objects: atomic multicast with the Spindle techniques")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a local group on shared memory and show it working.
+    Demo(demo::DemoArgs),
+    /// Measure bandwidth and latency.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Show live counters of the groups running on this host.
+    Stat(stat::StatArgs),
+    /// (internal) one member process of a demo or bench run.
+    #[command(hide = true)]
+    Member(member::MemberArgs),
+    /// (internal) one side of the raw shm baseline ring.
+    #[command(hide = true)]
+    BaselineMember(baseline::BaselineArgs),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Atomic multicast: one process per member on shared memory.
+    Multicast(bench::MulticastArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Bench(BenchCommand::Multicast(args)) => bench::run(args),
+        Command::Stat(args) => stat::run(args),
+        Command::Member(args) => member::run(args),
+        Command::BaselineMember(args) => baseline::run_member(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

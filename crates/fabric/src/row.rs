@@ -59,7 +59,7 @@ impl<'a> RowRef<'a> {
     #[inline(always)]
     pub fn u64_at(&self, offset: usize) -> &'a AtomicU64 {
         assert!(
-            offset % 8 == 0 && offset + 8 <= self.len,
+            offset.is_multiple_of(8) && offset + 8 <= self.len,
             "u64 offset {offset} bad for row of {}",
             self.len
         );
@@ -75,7 +75,7 @@ impl<'a> RowRef<'a> {
     #[inline(always)]
     pub fn u32_at(&self, offset: usize) -> &'a AtomicU32 {
         assert!(
-            offset % 4 == 0 && offset + 4 <= self.len,
+            offset.is_multiple_of(4) && offset + 4 <= self.len,
             "u32 offset {offset} bad for row of {}",
             self.len
         );

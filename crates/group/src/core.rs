@@ -91,6 +91,11 @@ pub struct GroupCore<F: Fabric> {
     delivered_num: u64,
     received_frontier: u64,
     null_target: u64,
+    /// The ring's reservation and back-pressure counts at the last pass:
+    /// if either moved, the application is sending and its own messages
+    /// will fill its indices, so no nulls.
+    app_reserved_seen: u64,
+    app_backpressure_seen: u64,
     flow_limit: u64,
     pub(crate) counters: Counters,
     peer_check_interval_ns: u64,
@@ -141,6 +146,8 @@ impl<F: Fabric> GroupCore<F> {
             delivered_num: 0,
             received_frontier: 0,
             null_target: 0,
+            app_reserved_seen: 0,
+            app_backpressure_seen: 0,
             flow_limit: config.window_slots as u64,
             counters: Counters::default(),
             peer_check_interval_ns: config.peer_check_interval.as_nanos() as u64,
@@ -398,9 +405,11 @@ impl<F: Fabric> GroupCore<F> {
 
     // ---- 3. nulls ---------------------------------------------------------
 
-    /// Spindle's null rule: only a sender with nothing in flight whose
-    /// missing indices hold back others' received messages sends nulls,
-    /// all of them in one slot. Returns whether it committed a null slot.
+    /// Spindle's null rule: only an idle sender (nothing in flight, and the
+    /// application neither reserved a slot nor hit back-pressure since the
+    /// last pass) whose missing indices hold back others' received
+    /// messages sends nulls, all of them in one slot. Returns whether it
+    /// committed a null slot.
     fn send_nulls_if_blocking(&mut self) -> bool {
         let si = self.my_sender_index.expect("only senders send nulls");
         let senders = self.sender_ranks.len();

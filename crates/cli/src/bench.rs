@@ -1,0 +1,355 @@
+//! `spindle bench multicast`: one process per member on shared memory,
+//! every byte written and read, plus the raw shm baseline in the same run.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hdrhistogram::Histogram;
+use spindle_group::config::defaults;
+use spindle_group::counters::DELIVERED_MSGS;
+use spindle_group::layout::SmcLayout;
+use spindle_group::SenderSet;
+
+use crate::member::{read_samples, MemberSpec};
+use crate::payload::PAYLOAD_BYTES_MIN;
+use crate::report::{BenchReport, Machine, MemberResult, Percentiles};
+
+#[derive(Args, Debug, Clone)]
+pub struct MulticastArgs {
+    /// Members (one process each).
+    #[arg(long, default_value_t = 2)]
+    pub members: usize,
+    /// Which members send: all, half or one.
+    #[arg(long, default_value = "all")]
+    pub senders: String,
+    /// Payload bytes per message (at least 16: a timestamp and a counter).
+    #[arg(long, default_value_t = 10_240)]
+    pub size: usize,
+    /// Messages per sender.
+    #[arg(long, default_value_t = 100_000)]
+    pub count: u64,
+    /// Delivery mode: ordered or unordered.
+    #[arg(long, default_value = "ordered")]
+    pub mode: String,
+    /// Slots in each sender's ring (a power of two).
+    #[arg(long, default_value_t = defaults::WINDOW_SLOTS)]
+    pub window: usize,
+    /// Slot payload size (default: --size). A payload larger than the slot is rejected.
+    #[arg(long)]
+    pub slot_size: Option<usize>,
+    /// Turn the Spindle batching techniques off (to see what they buy).
+    #[arg(long)]
+    pub no_batching: bool,
+    /// Idle strategy: spin or backoff.
+    #[arg(long, default_value = "backoff")]
+    pub idle: String,
+    /// Offered rate per sender in messages/s (0: as fast as possible). Use a
+    /// low rate to measure latency without queueing.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write an SVG plot to this file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Write each member's delivery log (JSON lines) into this directory.
+    #[arg(long)]
+    pub delivery_log: Option<PathBuf>,
+    /// Skip the raw shm baseline.
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_s: u64,
+}
+
+impl MulticastArgs {
+    fn validate(&self) -> Result<(SenderSet, Vec<usize>, usize), String> {
+        if self.members == 0 || self.members > 64 {
+            return Err(format!("--members {} must be in 1..=64", self.members));
+        }
+        let set = SenderSet::parse(&self.senders).map_err(|e| format!("--senders: {e}"))?;
+        let ranks = set.ranks(self.members);
+        spindle_group::DeliveryMode::parse(&self.mode).map_err(|e| format!("--mode: {e}"))?;
+        spindle_sst::IdleStrategy::parse(&self.idle).map_err(|e| format!("--idle: {e}"))?;
+        if self.size < PAYLOAD_BYTES_MIN {
+            return Err(format!("--size {} must be at least {PAYLOAD_BYTES_MIN} (the bench carries a timestamp and a counter)", self.size));
+        }
+        let slot = self.slot_size.unwrap_or(self.size);
+        if self.size > slot {
+            return Err(format!("--size {} is larger than --slot-size {slot}: payloads are never truncated", self.size));
+        }
+        if self.count == 0 {
+            return Err("--count must be at least 1".into());
+        }
+        if !self.window.is_power_of_two() || self.window < 2 {
+            return Err(format!("--window {} must be a power of two ≥ 2", self.window));
+        }
+        Ok((set, ranks, slot))
+    }
+}
+
+pub fn run(args: MulticastArgs) -> Result<(), String> {
+    let report = measure(&args)?;
+    print_report(&report);
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, json + "\n").map_err(|e| format!("write {}: {e}", path.display()))?;
+        println!("results written to {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        crate::plot::write_bench_plot(path, &report)?;
+        println!("plot written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// Run the members and the baseline; gather the report.
+pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
+    let (set, ranks, slot) = args.validate()?;
+    let result_dir = tempdir("bench")?;
+    let spec = MemberSpec {
+        group: format!("bench-{}", std::process::id()),
+        members: args.members,
+        senders: ranks.clone(),
+        mode: args.mode.clone(),
+        window: args.window,
+        slot_payload_max: slot,
+        batching: !args.no_batching,
+        idle: args.idle.clone(),
+        size: args.size,
+        count: args.count,
+        rate: args.rate,
+        sample_every: if args.rate > 0 { 1 } else { (args.count / 100_000).max(1) },
+        delivery_log: args.delivery_log.clone(),
+        result_dir: result_dir.clone(),
+        join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
+    };
+    let total = args.count * ranks.len() as u64;
+    let results = run_members(&spec, Duration::from_secs(args.timeout_s), &mut |_| {});
+    let results = results.inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(&result_dir);
+    })?;
+    let (latency_ns, latency_own_ns) = latencies(&result_dir, args.members)?;
+    let _ = std::fs::remove_dir_all(&result_dir);
+    check_agreement(&results, args.mode == "ordered", total)?;
+    let (baseline_gbps, baseline_msgs_per_s) = if args.no_baseline {
+        (0.0, 0.0)
+    } else {
+        let b = crate::baseline::measure(args.size, total, args.window)?;
+        (b.gbps, b.msgs_per_s)
+    };
+    let slowest = results
+        .iter()
+        .min_by(|a, b| a.delivered_gbps.total_cmp(&b.delivered_gbps))
+        .expect("at least one member");
+    Ok(BenchReport {
+        transport: "shm".into(),
+        mode: args.mode.clone(),
+        members: args.members,
+        senders: set.as_str(),
+        sender_count: ranks.len(),
+        size: args.size,
+        count: args.count,
+        window: args.window,
+        batching: !args.no_batching,
+        idle: args.idle.clone(),
+        rate: args.rate,
+        delivered_gbps_min: slowest.delivered_gbps,
+        delivered_msgs_per_s_min: results.iter().map(|r| r.delivered_msgs_per_s).fold(f64::INFINITY, f64::min),
+        latency_ns,
+        latency_own_ns,
+        baseline_gbps,
+        baseline_msgs_per_s,
+        ratio_to_baseline: if baseline_gbps > 0.0 { slowest.delivered_gbps / baseline_gbps } else { 0.0 },
+        member_results: results,
+        machine: Machine::detect(),
+        unix_time_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+    })
+}
+
+/// A fresh private directory for one run's result files.
+pub fn tempdir(what: &str) -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("spindle-{what}-{}-{}", std::process::id(), spindle_sst::monotonic_ns()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Spawn one process per member, wait for all (calling `progress` with
+/// the messages delivered so far, summed over members), and read their
+/// results. A member that fails stops the run with its error.
+pub fn run_members(
+    spec: &MemberSpec,
+    timeout: Duration,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Vec<MemberResult>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("find own executable: {e}"))?;
+    let json = serde_json::to_string(spec).map_err(|e| e.to_string())?;
+    let mut children: Vec<Option<Child>> = Vec::new();
+    for rank in 0..spec.members {
+        let child = Command::new(&exe)
+            .args(["member", "--rank", &rank.to_string(), "--spec", &json])
+            .spawn()
+            .map_err(|e| format!("spawn member {rank}: {e}"));
+        match child {
+            Ok(c) => children.push(Some(c)),
+            Err(e) => {
+                kill_all(&mut children);
+                return Err(e);
+            }
+        }
+    }
+    let config = spec.group_config()?;
+    let layout = SmcLayout::new(&config);
+    let started = Instant::now();
+    let mut failure = None;
+    while children.iter().any(|c| c.is_some()) {
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(child) = slot else { continue };
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    *slot = None;
+                    if !status.success() && failure.is_none() {
+                        failure = Some(format!("member {rank} failed ({status})"));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => failure = Some(format!("wait for member {rank}: {e}")),
+            }
+        }
+        if failure.is_some() {
+            // The others see "member N is gone" and stop; make sure of it.
+            std::thread::sleep(Duration::from_millis(500));
+            kill_all(&mut children);
+            break;
+        }
+        if started.elapsed() > timeout {
+            kill_all(&mut children);
+            failure = Some(format!("the run did not finish within {} s", timeout.as_secs()));
+            break;
+        }
+        progress(delivered_so_far(&spec.group, &layout));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    (0..spec.members)
+        .map(|rank| {
+            let path = MemberSpec::result_path(&spec.result_dir, rank);
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("member {rank} left no result ({}): {e}", path.display()))?;
+            serde_json::from_str(&text).map_err(|e| format!("member {rank} result: {e}"))
+        })
+        .collect()
+}
+
+fn kill_all(children: &mut [Option<Child>]) {
+    for child in children.iter_mut().flatten() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Messages delivered so far, summed over members, read from the group's
+/// shared memory (0 until the group exists).
+fn delivered_so_far(group: &str, layout: &SmcLayout) -> u64 {
+    let Ok(file) = spindle_fabric::shm::GroupFile::open(Path::new("/dev/shm"), group) else { return 0 };
+    if file.header().row_len_bytes.load(std::sync::atomic::Ordering::Relaxed) as usize != layout.row.row_len_bytes() {
+        return 0;
+    }
+    (0..file.member_count())
+        .map(|r| file.row(r).u64_at(layout.counters.offset(DELIVERED_MSGS)).load(std::sync::atomic::Ordering::Relaxed))
+        .sum()
+}
+
+/// Latency to the slowest member (per message: max over members) and to
+/// the sender's own member.
+fn latencies(dir: &Path, members: usize) -> Result<(Percentiles, Percentiles), String> {
+    let mut slowest: HashMap<(u32, u64), u32> = HashMap::new();
+    let mut own = Histogram::<u64>::new(3).expect("histogram");
+    for rank in 0..members {
+        for (sender, counter, ns) in read_samples(dir, rank)? {
+            let e = slowest.entry((sender, counter)).or_insert(0);
+            *e = (*e).max(ns);
+            if sender as usize == rank {
+                own.record(ns.max(1) as u64).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    let mut all = Histogram::<u64>::new(3).expect("histogram");
+    for ns in slowest.values() {
+        all.record((*ns).max(1) as u64).map_err(|e| e.to_string())?;
+    }
+    Ok((Percentiles::from_histogram(&all), Percentiles::from_histogram(&own)))
+}
+
+/// Every member delivered every message, the same bytes, and (ordered)
+/// in the same order.
+pub fn check_agreement(results: &[MemberResult], ordered: bool, total: u64) -> Result<(), String> {
+    let first = &results[0];
+    for r in results {
+        if r.delivered_msgs != total {
+            return Err(format!("member {} delivered {} messages, expected {total}", r.rank, r.delivered_msgs));
+        }
+        if r.checksum_by_sender != first.checksum_by_sender {
+            return Err(format!("member {} read different bytes than member {}", r.rank, first.rank));
+        }
+        if ordered && r.sequence_digest != first.sequence_digest {
+            return Err(format!("total order violated: members {} and {} delivered different sequences", first.rank, r.rank));
+        }
+    }
+    Ok(())
+}
+
+fn print_report(r: &BenchReport) {
+    println!(
+        "spindle bench multicast: {} {}, {} members, senders={} ({}), {} B × {} per sender, window {}, batching {}, idle {}{}",
+        r.transport,
+        r.mode,
+        r.members,
+        r.senders,
+        r.sender_count,
+        r.size,
+        r.count,
+        r.window,
+        if r.batching { "on" } else { "off" },
+        r.idle,
+        if r.rate > 0 { format!(", offered {} msgs/s per sender", r.rate) } else { String::new() }
+    );
+    println!(
+        "{:>6} {:>12} {:>9} {:>13} {:>10} {:>10} {:>12} {:>10} {:>8}",
+        "member", "delivered", "GB/s", "msgs/s", "pub batch", "recv batch", "deliv batch", "null runs", "parks"
+    );
+    for m in &r.member_results {
+        let c = |k: &str| m.counters.get(k).copied().unwrap_or(0);
+        let mean = |a: &str, b: &str| if c(b) > 0 { c(a) as f64 / c(b) as f64 } else { 0.0 };
+        println!(
+            "{:>6} {:>12} {:>9.3} {:>13.0} {:>10.1} {:>10.1} {:>12.1} {:>10} {:>8}",
+            m.rank,
+            m.delivered_msgs,
+            m.delivered_gbps,
+            m.delivered_msgs_per_s,
+            mean("publish_batch_slots", "publish_batches"),
+            mean("received_msgs", "receive_batches"),
+            mean("delivered_msgs", "delivery_batches"),
+            c("null_runs"),
+            c("parks"),
+        );
+    }
+    println!("slowest member: {:.3} GB/s, {:.0} msgs/s", r.delivered_gbps_min, r.delivered_msgs_per_s_min);
+    if r.baseline_gbps > 0.0 {
+        println!(
+            "raw shm ring baseline (1 producer → 1 consumer, same payloads): {:.3} GB/s, {:.0} msgs/s; ratio to baseline {:.2}",
+            r.baseline_gbps, r.baseline_msgs_per_s, r.ratio_to_baseline
+        );
+    }
+    println!("latency send-commit → delivery (ns)     p50      p99    p99.9      max  samples");
+    for (name, p) in [("to the sender's own member", r.latency_own_ns), ("to the slowest member", r.latency_ns)] {
+        println!("  {:<34} {:>8} {:>8} {:>8} {:>8} {:>8}", name, p.p50, p.p99, p.p999, p.max, p.samples);
+    }
+}

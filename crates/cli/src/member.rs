@@ -1,0 +1,266 @@
+//! One member process of a demo or bench run (`spindle member`, hidden):
+//! joins the group, sends its share (writing every byte), delivers
+//! everything (reading every byte), and writes its results for the
+//! coordinator.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use spindle_group::counters::COUNTER_NAMES;
+use spindle_group::delivery_log::DeliveryLog;
+use spindle_group::{DeliveryMode, Group, GroupConfig, SendError, SenderSet};
+use spindle_sst::{monotonic_ns, IdleStrategy};
+
+use crate::payload;
+use crate::report::MemberResult;
+
+/// Everything a member process needs, passed as JSON by the coordinator.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MemberSpec {
+    pub group: String,
+    pub members: usize,
+    pub senders: Vec<usize>,
+    pub mode: String,
+    pub window: usize,
+    pub slot_payload_max: usize,
+    pub batching: bool,
+    pub idle: String,
+    /// Payload bytes per message.
+    pub size: usize,
+    /// Messages per sender.
+    pub count: u64,
+    /// Offered rate per sender, messages/s (0: as fast as the window allows).
+    pub rate: u64,
+    /// Timestamp every n-th message of each sender.
+    pub sample_every: u64,
+    pub delivery_log: Option<PathBuf>,
+    pub result_dir: PathBuf,
+    pub join_timeout_ms: u64,
+}
+
+impl MemberSpec {
+    pub fn group_config(&self) -> Result<GroupConfig, String> {
+        let mut config = GroupConfig::new(&self.group, self.members);
+        config.senders = SenderSet::Ranks(self.senders.clone());
+        config.mode = DeliveryMode::parse(&self.mode)?;
+        config.window_slots = self.window;
+        config.slot_payload_max = self.slot_payload_max;
+        config.batching = self.batching;
+        config.idle = IdleStrategy::parse(&self.idle)?;
+        config.join_timeout = Duration::from_millis(self.join_timeout_ms);
+        config.validate().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+
+    pub fn result_path(dir: &Path, rank: usize) -> PathBuf {
+        dir.join(format!("member-{rank}.json"))
+    }
+
+    pub fn latency_path(dir: &Path, rank: usize) -> PathBuf {
+        dir.join(format!("latency-{rank}.bin"))
+    }
+}
+
+/// Bytes a sender writes before it runs the progress loop again.
+const BURST_BYTES: usize = 64 << 10;
+
+/// One latency sample: (sender rank, sender's counter, ns).
+pub type Sample = (u32, u64, u32);
+
+#[derive(Args, Debug)]
+pub struct MemberArgs {
+    /// The run's specification (JSON).
+    #[arg(long)]
+    spec: String,
+    /// This member's rank.
+    #[arg(long)]
+    rank: usize,
+}
+
+pub fn run(args: MemberArgs) -> Result<(), String> {
+    let spec: MemberSpec = serde_json::from_str(&args.spec).map_err(|e| format!("bad --spec: {e}"))?;
+    let rank = args.rank;
+    run_member(&spec, rank).map_err(|e| format!("member {rank}: {e}"))
+}
+
+/// What the delivery callback accumulates.
+struct Tally {
+    delivered_msgs: u64,
+    delivered_bytes: u64,
+    checksums: Vec<u64>,
+    samples: Vec<Sample>,
+    digest: xxhash_rust::xxh3::Xxh3,
+    log: Option<DeliveryLog>,
+    log_error: Option<String>,
+}
+
+fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
+    let config = spec.group_config()?;
+    let senders = spec.senders.len() as u64;
+    let total = spec.count * senders;
+    let samples_max = (spec.count / spec.sample_every.max(1) + 1) * senders;
+    let log = match &spec.delivery_log {
+        Some(dir) => Some(DeliveryLog::create(dir, rank).map_err(|e| format!("delivery log in {}: {e}", dir.display()))?),
+        None => None,
+    };
+    let mut tally = Tally {
+        delivered_msgs: 0,
+        delivered_bytes: 0,
+        checksums: vec![0; spec.senders.len()],
+        samples: Vec::with_capacity(samples_max as usize),
+        digest: xxhash_rust::xxh3::Xxh3::new(),
+        log,
+        log_error: None,
+    };
+    let mut group = Group::join_shm(config, rank).map_err(|e| e.to_string())?;
+    let sender = group.sender();
+    let interval_ns = 1_000_000_000u64.checked_div(spec.rate).unwrap_or(0);
+    let t0 = monotonic_ns();
+    let mut next_send_ns = t0;
+    let mut t_last = t0;
+    let mut sent = 0u64;
+    // Sender bursts are sized in bytes so that the member's own delivery
+    // of a burst still finds it in its L2 cache.
+    let burst_bytes: usize = std::env::var("SPINDLE_BENCH_BURST_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(BURST_BYTES);
+    let burst_msgs = (burst_bytes / spec.size.max(1)).clamp(1, 64) as u64;
+    let mut deliver = |d: &spindle_group::Delivery<'_>| {
+        let sum = payload::checksum(d.payload);
+        tally.checksums[d.sender_index] = tally.checksums[d.sender_index].wrapping_add(sum);
+        tally.delivered_msgs += 1;
+        tally.delivered_bytes += d.payload.len() as u64;
+        if d.payload.len() >= payload::PAYLOAD_BYTES_MIN {
+            let (ts, counter) = payload::header(d.payload);
+            if ts != 0 && tally.samples.len() < tally.samples.capacity() {
+                let ns = monotonic_ns().saturating_sub(ts).min(u32::MAX as u64) as u32;
+                tally.samples.push((d.sender_rank as u32, counter, ns));
+            }
+        }
+        tally.digest.update(&(d.sender_rank as u64).to_le_bytes());
+        tally.digest.update(&d.index.to_le_bytes());
+        tally.digest.update(&sum.to_le_bytes());
+        if let Some(log) = tally.log.as_mut() {
+            if let Err(e) = log.record(d) {
+                tally.log_error.get_or_insert(e.to_string());
+            }
+        }
+    };
+    loop {
+        let mut sending = false;
+        if let Some(s) = &sender {
+            if sent < spec.count {
+                sending = true;
+                let now = if interval_ns > 0 { monotonic_ns() } else { 0 };
+                if interval_ns == 0 || now >= next_send_ns {
+                    let burst = if interval_ns > 0 { 1 } else { burst_msgs };
+                    sent += send_burst(s, spec, sent, burst)?;
+                    if interval_ns > 0 {
+                        next_send_ns += interval_ns;
+                    }
+                }
+            }
+        }
+        let before = group.core().counters().values[spindle_group::counters::DELIVERED_MSGS];
+        let work = if sending {
+            group.poll(&mut deliver)
+        } else {
+            group.poll_or_idle(&mut deliver)
+        }
+        .map_err(|e| e.to_string())?;
+        let after = group.core().counters().values[spindle_group::counters::DELIVERED_MSGS];
+        if after != before {
+            t_last = monotonic_ns();
+        }
+        let _ = work;
+        if after >= total && sent >= if sender.is_some() { spec.count } else { 0 } {
+            break;
+        }
+    }
+    group.finish(&mut |_| {}, Duration::from_secs(60)).map_err(|e| e.to_string())?;
+    let counters: BTreeMap<String, u64> = COUNTER_NAMES
+        .iter()
+        .zip(group.core().counters().values.iter())
+        .map(|(n, v)| (n.to_string(), *v))
+        .collect();
+    drop(group);
+    if let Some(e) = tally.log_error {
+        return Err(format!("writing the delivery log: {e}"));
+    }
+    if let Some(log) = tally.log.as_mut() {
+        log.flush().map_err(|e| format!("flush delivery log: {e}"))?;
+    }
+    let elapsed_ns = (t_last - t0).max(1);
+    let result = MemberResult {
+        rank,
+        delivered_msgs: tally.delivered_msgs,
+        delivered_bytes: tally.delivered_bytes,
+        elapsed_ns,
+        delivered_gbps: tally.delivered_bytes as f64 / elapsed_ns as f64,
+        delivered_msgs_per_s: tally.delivered_msgs as f64 * 1e9 / elapsed_ns as f64,
+        checksum_by_sender: spec.senders.iter().copied().zip(tally.checksums.iter().copied()).collect(),
+        sequence_digest: format!("{:016x}", tally.digest.digest()),
+        counters,
+    };
+    write_results(spec, rank, &result, &tally.samples)
+}
+
+/// Send up to `burst` messages; returns how many were committed.
+#[inline]
+fn send_burst(
+    s: &spindle_group::Sender<spindle_fabric::shm::ShmFabric>,
+    spec: &MemberSpec,
+    sent: u64,
+    burst: u64,
+) -> Result<u64, String> {
+    let mut n = 0;
+    while n < burst && sent + n < spec.count {
+        let counter = sent + n;
+        match s.reserve(spec.size) {
+            Ok(mut slot) => {
+                let ts = if counter.is_multiple_of(spec.sample_every) { monotonic_ns() } else { 0 };
+                payload::fill(slot.payload_mut(), ts, counter);
+                slot.commit();
+                n += 1;
+            }
+            Err(SendError::WouldBlock) => break,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(n)
+}
+
+fn write_results(spec: &MemberSpec, rank: usize, result: &MemberResult, samples: &[Sample]) -> Result<(), String> {
+    let path = MemberSpec::result_path(&spec.result_dir, rank);
+    let json = serde_json::to_vec_pretty(result).map_err(|e| e.to_string())?;
+    std::fs::write(&path, json).map_err(|e| format!("write {}: {e}", path.display()))?;
+    let path = MemberSpec::latency_path(&spec.result_dir, rank);
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| format!("create {}: {e}", path.display()))?);
+    for (sender, counter, ns) in samples {
+        out.write_all(&sender.to_le_bytes())
+            .and_then(|_| out.write_all(&counter.to_le_bytes()))
+            .and_then(|_| out.write_all(&ns.to_le_bytes()))
+            .map_err(|e| format!("write {}: {e}", path.display()))?;
+    }
+    out.flush().map_err(|e| format!("write {}: {e}", path.display()))
+}
+
+/// Read a member's latency samples.
+pub fn read_samples(dir: &Path, rank: usize) -> Result<Vec<Sample>, String> {
+    let path = MemberSpec::latency_path(dir, rank);
+    let bytes = std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    if bytes.len() % 16 != 0 {
+        return Err(format!("{} is truncated", path.display()));
+    }
+    Ok(bytes
+        .chunks_exact(16)
+        .map(|c| {
+            let sender = u32::from_le_bytes(c[0..4].try_into().expect("4"));
+            let counter = u64::from_le_bytes(c[4..12].try_into().expect("8"));
+            let ns = u32::from_le_bytes(c[12..16].try_into().expect("4"));
+            (sender, counter, ns)
+        })
+        .collect())
+}
