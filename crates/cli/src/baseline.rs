@@ -65,9 +65,13 @@ impl Ring {
             .open(path)
             .map_err(|e| format!("open {}: {e}", path.display()))?;
         if create {
-            file.set_len(len as u64).map_err(|e| format!("size {}: {e}", path.display()))?;
+            file.set_len(len as u64)
+                .map_err(|e| format!("size {}: {e}", path.display()))?;
         }
-        let map = memmap2::MmapOptions::new().len(len).map_raw(&file).map_err(|e| format!("mmap {}: {e}", path.display()))?;
+        let map = memmap2::MmapOptions::new()
+            .len(len)
+            .map_raw(&file)
+            .map_err(|e| format!("mmap {}: {e}", path.display()))?;
         Ok(Ring { map, stride, window })
     }
 
@@ -81,7 +85,11 @@ impl Ring {
     fn slot(&self, i: u64) -> *mut u8 {
         // SAFETY: the index is reduced modulo the window, so the slot lies in
         // the mapping.
-        unsafe { self.map.as_mut_ptr().add(RING + (i as usize % self.window) * self.stride) }
+        unsafe {
+            self.map
+                .as_mut_ptr()
+                .add(RING + (i as usize % self.window) * self.stride)
+        }
     }
 }
 

@@ -77,11 +77,17 @@ impl MulticastArgs {
         spindle_group::DeliveryMode::parse(&self.mode).map_err(|e| format!("--mode: {e}"))?;
         spindle_sst::IdleStrategy::parse(&self.idle).map_err(|e| format!("--idle: {e}"))?;
         if self.size < PAYLOAD_BYTES_MIN {
-            return Err(format!("--size {} must be at least {PAYLOAD_BYTES_MIN} (the bench carries a timestamp and a counter)", self.size));
+            return Err(format!(
+                "--size {} must be at least {PAYLOAD_BYTES_MIN} (the bench carries a timestamp and a counter)",
+                self.size
+            ));
         }
         let slot = self.slot_size.unwrap_or(self.size);
         if self.size > slot {
-            return Err(format!("--size {} is larger than --slot-size {slot}: payloads are never truncated", self.size));
+            return Err(format!(
+                "--size {} is larger than --slot-size {slot}: payloads are never truncated",
+                self.size
+            ));
         }
         if self.count == 0 {
             return Err("--count must be at least 1".into());
@@ -124,7 +130,11 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
         size: args.size,
         count: args.count,
         rate: args.rate,
-        sample_every: if args.rate > 0 { 1 } else { (args.count / 100_000).max(1) },
+        sample_every: if args.rate > 0 {
+            1
+        } else {
+            (args.count / 100_000).max(1)
+        },
         delivery_log: args.delivery_log.clone(),
         result_dir: result_dir.clone(),
         join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
@@ -160,22 +170,36 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
         idle: args.idle.clone(),
         rate: args.rate,
         delivered_gbps_min: slowest.delivered_gbps,
-        delivered_msgs_per_s_min: results.iter().map(|r| r.delivered_msgs_per_s).fold(f64::INFINITY, f64::min),
+        delivered_msgs_per_s_min: results
+            .iter()
+            .map(|r| r.delivered_msgs_per_s)
+            .fold(f64::INFINITY, f64::min),
         latency_ns,
         latency_own_ns,
         baseline_gbps,
         baseline_msgs_per_s,
-        ratio_to_baseline: if baseline_gbps > 0.0 { slowest.delivered_gbps / baseline_gbps } else { 0.0 },
+        ratio_to_baseline: if baseline_gbps > 0.0 {
+            slowest.delivered_gbps / baseline_gbps
+        } else {
+            0.0
+        },
         member_results: results,
         machine: Machine::detect(),
-        unix_time_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        unix_time_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
         command: std::env::args().collect::<Vec<_>>().join(" "),
     })
 }
 
 /// A fresh private directory for one run's result files.
 pub fn tempdir(what: &str) -> Result<PathBuf, String> {
-    let dir = std::env::temp_dir().join(format!("spindle-{what}-{}-{}", std::process::id(), spindle_sst::monotonic_ns()));
+    let dir = std::env::temp_dir().join(format!(
+        "spindle-{what}-{}-{}",
+        std::process::id(),
+        spindle_sst::monotonic_ns()
+    ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     Ok(dir)
 }
@@ -242,7 +266,8 @@ pub fn run_members(
     (0..spec.members)
         .map(|rank| {
             let path = MemberSpec::result_path(&spec.result_dir, rank);
-            let text = std::fs::read_to_string(&path).map_err(|e| format!("member {rank} left no result ({}): {e}", path.display()))?;
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("member {rank} left no result ({}): {e}", path.display()))?;
             serde_json::from_str(&text).map_err(|e| format!("member {rank} result: {e}"))
         })
         .collect()
@@ -258,12 +283,18 @@ fn kill_all(children: &mut [Option<Child>]) {
 /// Messages delivered so far, summed over members, read from the group's
 /// shared memory (0 until the group exists).
 fn delivered_so_far(group: &str, layout: &SmcLayout) -> u64 {
-    let Ok(file) = spindle_fabric::shm::GroupFile::open(Path::new("/dev/shm"), group) else { return 0 };
+    let Ok(file) = spindle_fabric::shm::GroupFile::open(Path::new("/dev/shm"), group) else {
+        return 0;
+    };
     if file.header().row_len_bytes.load(std::sync::atomic::Ordering::Relaxed) as usize != layout.row.row_len_bytes() {
         return 0;
     }
     (0..file.member_count())
-        .map(|r| file.row(r).u64_at(layout.counters.offset(DELIVERED_MSGS)).load(std::sync::atomic::Ordering::Relaxed))
+        .map(|r| {
+            file.row(r)
+                .u64_at(layout.counters.offset(DELIVERED_MSGS))
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
         .sum()
 }
 
@@ -294,13 +325,22 @@ pub fn check_agreement(results: &[MemberResult], ordered: bool, total: u64) -> R
     let first = &results[0];
     for r in results {
         if r.delivered_msgs != total {
-            return Err(format!("member {} delivered {} messages, expected {total}", r.rank, r.delivered_msgs));
+            return Err(format!(
+                "member {} delivered {} messages, expected {total}",
+                r.rank, r.delivered_msgs
+            ));
         }
         if r.checksum_by_sender != first.checksum_by_sender {
-            return Err(format!("member {} read different bytes than member {}", r.rank, first.rank));
+            return Err(format!(
+                "member {} read different bytes than member {}",
+                r.rank, first.rank
+            ));
         }
         if ordered && r.sequence_digest != first.sequence_digest {
-            return Err(format!("total order violated: members {} and {} delivered different sequences", first.rank, r.rank));
+            return Err(format!(
+                "total order violated: members {} and {} delivered different sequences",
+                first.rank, r.rank
+            ));
         }
     }
     Ok(())
@@ -341,7 +381,10 @@ fn print_report(r: &BenchReport) {
             c("parks"),
         );
     }
-    println!("slowest member: {:.3} GB/s, {:.0} msgs/s", r.delivered_gbps_min, r.delivered_msgs_per_s_min);
+    println!(
+        "slowest member: {:.3} GB/s, {:.0} msgs/s",
+        r.delivered_gbps_min, r.delivered_msgs_per_s_min
+    );
     if r.baseline_gbps > 0.0 {
         println!(
             "raw shm ring baseline (1 producer → 1 consumer, same payloads): {:.3} GB/s, {:.0} msgs/s; ratio to baseline {:.2}",
@@ -349,7 +392,13 @@ fn print_report(r: &BenchReport) {
         );
     }
     println!("latency send-commit → delivery (ns)     p50      p99    p99.9      max  samples");
-    for (name, p) in [("to the sender's own member", r.latency_own_ns), ("to the slowest member", r.latency_ns)] {
-        println!("  {:<34} {:>8} {:>8} {:>8} {:>8} {:>8}", name, p.p50, p.p99, p.p999, p.max, p.samples);
+    for (name, p) in [
+        ("to the sender's own member", r.latency_own_ns),
+        ("to the slowest member", r.latency_ns),
+    ] {
+        println!(
+            "  {:<34} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            name, p.p50, p.p99, p.p999, p.max, p.samples
+        );
     }
 }

@@ -36,13 +36,21 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         return Err(format!("--members {} must be in 1..=16 for the demo", args.members));
     }
     if args.size < crate::payload::PAYLOAD_BYTES_MIN || args.size > defaults::SLOT_PAYLOAD_MAX {
-        return Err(format!("--size {} must be in {}..={}", args.size, crate::payload::PAYLOAD_BYTES_MIN, defaults::SLOT_PAYLOAD_MAX));
+        return Err(format!(
+            "--size {} must be in {}..={}",
+            args.size,
+            crate::payload::PAYLOAD_BYTES_MIN,
+            defaults::SLOT_PAYLOAD_MAX
+        ));
     }
     if args.count == 0 {
         return Err("--count must be at least 1".into());
     }
     let work_dir = tempdir("demo")?;
-    let log_dir = args.delivery_log.clone().unwrap_or_else(|| work_dir.join("delivery-log"));
+    let log_dir = args
+        .delivery_log
+        .clone()
+        .unwrap_or_else(|| work_dir.join("delivery-log"));
     let spec = MemberSpec {
         group: format!("demo-{}", std::process::id()),
         members: args.members,

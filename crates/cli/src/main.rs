@@ -19,7 +19,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "spindle", version, about = "Fast, safe replication of small objects: atomic multicast with the Spindle techniques")]
+#[command(
+    name = "spindle",
+    version,
+    about = "Fast, safe replication of small objects: atomic multicast with the Spindle techniques"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

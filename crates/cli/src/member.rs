@@ -104,7 +104,9 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
     let total = spec.count * senders;
     let samples_max = (spec.count / spec.sample_every.max(1) + 1) * senders;
     let log = match &spec.delivery_log {
-        Some(dir) => Some(DeliveryLog::create(dir, rank).map_err(|e| format!("delivery log in {}: {e}", dir.display()))?),
+        Some(dir) => {
+            Some(DeliveryLog::create(dir, rank).map_err(|e| format!("delivery log in {}: {e}", dir.display()))?)
+        }
         None => None,
     };
     let mut tally = Tally {
@@ -125,7 +127,10 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
     let mut sent = 0u64;
     // Sender bursts are sized in bytes so that the member's own delivery
     // of a burst still finds it in its L2 cache.
-    let burst_bytes: usize = std::env::var("SPINDLE_BENCH_BURST_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(BURST_BYTES);
+    let burst_bytes: usize = std::env::var("SPINDLE_BENCH_BURST_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(BURST_BYTES);
     let burst_msgs = (burst_bytes / spec.size.max(1)).clamp(1, 64) as u64;
     let mut deliver = |d: &spindle_group::Delivery<'_>| {
         let sum = payload::checksum(d.payload);
@@ -149,37 +154,39 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
         }
     };
     loop {
-        let mut sending = false;
+        // A rate-limited sender waiting for its next send time keeps polling
+        // (counted as work) so the idle strategy never parks past it.
+        let mut app_work = 0u32;
         if let Some(s) = &sender {
             if sent < spec.count {
-                sending = true;
                 let now = if interval_ns > 0 { monotonic_ns() } else { 0 };
                 if interval_ns == 0 || now >= next_send_ns {
                     let burst = if interval_ns > 0 { 1 } else { burst_msgs };
-                    sent += send_burst(s, spec, sent, burst)?;
+                    let n = send_burst(s, spec, sent, burst)?;
+                    sent += n;
+                    app_work += n as u32;
                     if interval_ns > 0 {
                         next_send_ns += interval_ns;
                     }
+                } else {
+                    app_work += 1;
                 }
             }
         }
         let before = group.core().counters().values[spindle_group::counters::DELIVERED_MSGS];
-        let work = if sending {
-            group.poll(&mut deliver)
-        } else {
-            group.poll_or_idle(&mut deliver)
-        }
-        .map_err(|e| e.to_string())?;
+        let work = group.poll(&mut deliver).map_err(|e| e.to_string())?;
+        group.idle(work + app_work);
         let after = group.core().counters().values[spindle_group::counters::DELIVERED_MSGS];
         if after != before {
             t_last = monotonic_ns();
         }
-        let _ = work;
         if after >= total && sent >= if sender.is_some() { spec.count } else { 0 } {
             break;
         }
     }
-    group.finish(&mut |_| {}, Duration::from_secs(60)).map_err(|e| e.to_string())?;
+    group
+        .finish(&mut |_| {}, Duration::from_secs(60))
+        .map_err(|e| e.to_string())?;
     let counters: BTreeMap<String, u64> = COUNTER_NAMES
         .iter()
         .zip(group.core().counters().values.iter())
@@ -200,7 +207,12 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
         elapsed_ns,
         delivered_gbps: tally.delivered_bytes as f64 / elapsed_ns as f64,
         delivered_msgs_per_s: tally.delivered_msgs as f64 * 1e9 / elapsed_ns as f64,
-        checksum_by_sender: spec.senders.iter().copied().zip(tally.checksums.iter().copied()).collect(),
+        checksum_by_sender: spec
+            .senders
+            .iter()
+            .copied()
+            .zip(tally.checksums.iter().copied())
+            .collect(),
         sequence_digest: format!("{:016x}", tally.digest.digest()),
         counters,
     };
@@ -220,7 +232,11 @@ fn send_burst(
         let counter = sent + n;
         match s.reserve(spec.size) {
             Ok(mut slot) => {
-                let ts = if counter.is_multiple_of(spec.sample_every) { monotonic_ns() } else { 0 };
+                let ts = if counter.is_multiple_of(spec.sample_every) {
+                    monotonic_ns()
+                } else {
+                    0
+                };
                 payload::fill(slot.payload_mut(), ts, counter);
                 slot.commit();
                 n += 1;
@@ -237,7 +253,8 @@ fn write_results(spec: &MemberSpec, rank: usize, result: &MemberResult, samples:
     let json = serde_json::to_vec_pretty(result).map_err(|e| e.to_string())?;
     std::fs::write(&path, json).map_err(|e| format!("write {}: {e}", path.display()))?;
     let path = MemberSpec::latency_path(&spec.result_dir, rank);
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| format!("create {}: {e}", path.display()))?);
+    let mut out =
+        std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| format!("create {}: {e}", path.display()))?);
     for (sender, counter, ns) in samples {
         out.write_all(&sender.to_le_bytes())
             .and_then(|_| out.write_all(&counter.to_le_bytes()))

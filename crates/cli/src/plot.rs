@@ -35,12 +35,8 @@ const SLOWEST_COLOR: RGBColor = RGBColor(0xdd, 0x6b, 0x20);
 
 /// Write the bench plot of `report` to `path` as SVG.
 pub fn write_bench_plot(path: &Path, report: &BenchReport) -> Result<(), String> {
-    let svg = render_bench_svg(report)
-        .map_err(|e| format!("plot {}: drawing failed: {e}", path.display()))?;
-    assert!(
-        svg.starts_with("<svg"),
-        "the SVG backend writes an <svg> root"
-    );
+    let svg = render_bench_svg(report).map_err(|e| format!("plot {}: drawing failed: {e}", path.display()))?;
+    assert!(svg.starts_with("<svg"), "the SVG backend writes an <svg> root");
     std::fs::write(path, svg).map_err(|e| format!("plot {}: {e}", path.display()))
 }
 
@@ -98,20 +94,11 @@ fn finite(x: f64) -> f64 {
 }
 
 /// Left panel: delivered GB/s of each member, then the raw shm baseline.
-fn draw_bandwidth(
-    area: &DrawingArea<SVGBackend<'_>, Shift>,
-    report: &BenchReport,
-) -> Result<(), String> {
+fn draw_bandwidth(area: &DrawingArea<SVGBackend<'_>, Shift>, report: &BenchReport) -> Result<(), String> {
     let mut bars: Vec<(String, f64, RGBColor)> = report
         .member_results
         .iter()
-        .map(|m| {
-            (
-                format!("member {}", m.rank),
-                finite(m.delivered_gbps),
-                MEMBER_COLOR,
-            )
-        })
+        .map(|m| (format!("member {}", m.rank), finite(m.delivered_gbps), MEMBER_COLOR))
         .collect();
     bars.push((
         "raw shm baseline".to_string(),
@@ -129,10 +116,7 @@ fn draw_bandwidth(
             report.ratio_to_baseline * 100.0
         )
     } else {
-        format!(
-            "delivered GB/s (slowest {:.2})",
-            finite(report.delivered_gbps_min)
-        )
+        format!("delivered GB/s (slowest {:.2})", finite(report.delivered_gbps_min))
     };
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 16))
@@ -157,29 +141,21 @@ fn draw_bandwidth(
         }))
         .map_err(err)?;
     chart
-        .draw_series(bars.iter().enumerate().map(|(i, (_, v, _))| {
-            Text::new(
-                format!("{v:.2}"),
-                (i as f64 + 0.5, *v),
-                value_label_style(13),
-            )
-        }))
+        .draw_series(
+            bars.iter()
+                .enumerate()
+                .map(|(i, (_, v, _))| Text::new(format!("{v:.2}"), (i as f64 + 0.5, *v), value_label_style(13))),
+        )
         .map_err(err)?;
     Ok(())
 }
 
 /// Right panel: p50 / p99 / p99.9 latency to the sender's own member and
 /// to the slowest member, log scale.
-fn draw_latency(
-    area: &DrawingArea<SVGBackend<'_>, Shift>,
-    report: &BenchReport,
-) -> Result<(), String> {
+fn draw_latency(area: &DrawingArea<SVGBackend<'_>, Shift>, report: &BenchReport) -> Result<(), String> {
     let own = &report.latency_own_ns;
     let slowest = &report.latency_ns;
-    let labels: Vec<String> = ["p50", "p99", "p99.9"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let labels: Vec<String> = ["p50", "p99", "p99.9"].iter().map(|s| s.to_string()).collect();
     let series: [(&str, [u64; 3], RGBColor); 2] = [
         ("to own member", [own.p50, own.p99, own.p999], OWN_COLOR),
         (
@@ -200,10 +176,7 @@ fn draw_latency(
     let n = labels.len();
 
     let mut chart = ChartBuilder::on(area)
-        .caption(
-            "latency, send commit → delivery (ns, log scale)",
-            ("sans-serif", 16),
-        )
+        .caption("latency, send commit → delivery (ns, log scale)", ("sans-serif", 16))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(64)
@@ -354,11 +327,7 @@ mod tests {
         let path = dir.path().join("bench.svg");
         write_bench_plot(&path, &synthetic_report()).expect("plot");
         let svg = std::fs::read_to_string(&path).expect("read plot");
-        assert!(
-            svg.starts_with("<svg"),
-            "not an SVG: {}",
-            &svg[..svg.len().min(80)]
-        );
+        assert!(svg.starts_with("<svg"), "not an SVG: {}", &svg[..svg.len().min(80)]);
         assert!(svg.contains("baseline"));
         assert!(svg.contains("member 2"));
         assert!(svg.contains("p99.9"));

@@ -349,11 +349,8 @@ fn read_group(file: &GroupFile) -> GroupStat {
 fn read_row(file: &GroupFile, layout: &SmcLayout, rank: usize) -> RowStat {
     let row = file.row(rank);
     let load = |offset: usize| row.u64_at(offset).load(Ordering::Relaxed);
-    let vector = |column: &spindle_sst::U64VectorColumn| {
-        (0..column.len())
-            .map(|i| load(column.offset(i)))
-            .collect::<Vec<u64>>()
-    };
+    let vector =
+        |column: &spindle_sst::U64VectorColumn| (0..column.len()).map(|i| load(column.offset(i))).collect::<Vec<u64>>();
     let values = vector(&layout.counters);
     let counters: BTreeMap<String, u64> = COUNTER_NAMES
         .iter()
@@ -369,14 +366,8 @@ fn read_row(file: &GroupFile, layout: &SmcLayout, rank: usize) -> RowStat {
         published_slots: load(layout.guard.offset()),
         received_num: vector(&layout.received_num),
         released_slots: vector(&layout.released_slots),
-        mean_publish_batch_slots: mean(
-            values[counters::PUBLISH_BATCH_SLOTS],
-            values[counters::PUBLISH_BATCHES],
-        ),
-        mean_delivery_batch_msgs: mean(
-            values[counters::DELIVERED_MSGS],
-            values[counters::DELIVERY_BATCHES],
-        ),
+        mean_publish_batch_slots: mean(values[counters::PUBLISH_BATCH_SLOTS], values[counters::PUBLISH_BATCHES]),
+        mean_delivery_batch_msgs: mean(values[counters::DELIVERED_MSGS], values[counters::DELIVERY_BATCHES]),
         counters,
         delivered_msgs_per_s: None,
         delivered_bytes_per_s: None,
@@ -410,10 +401,7 @@ fn add_rates(groups: &mut [GroupStat], previous: &[GroupStat], elapsed: Duration
                     .checked_sub(prev_row.counter(id))
                     .map(|d| d as f64 / seconds)
             };
-            let (msgs, bytes) = (
-                rate(counters::DELIVERED_MSGS),
-                rate(counters::DELIVERED_BYTES),
-            );
+            let (msgs, bytes) = (rate(counters::DELIVERED_MSGS), rate(counters::DELIVERED_BYTES));
             row.delivered_msgs_per_s = msgs;
             row.delivered_bytes_per_s = bytes;
         }
@@ -431,10 +419,7 @@ pub(crate) fn render_json(dir: &Path, groups: &[GroupStat]) -> serde_json::Value
 /// The human table: per group a header, then one column per member.
 pub(crate) fn render_table(dir: &Path, groups: &[GroupStat]) -> String {
     if groups.is_empty() {
-        return format!(
-            "no Spindle groups on this host (looked in {})\n",
-            dir.display()
-        );
+        return format!("no Spindle groups on this host (looked in {})\n", dir.display());
     }
     let mut out = String::new();
     for (i, group) in groups.iter().enumerate() {
@@ -450,11 +435,7 @@ fn render_group(out: &mut String, group: &GroupStat) {
     out.push_str(&format!(
         "group {}  {}  {}\n  layout: {}\n",
         group.group,
-        if group.live {
-            "live"
-        } else {
-            "stale (no live member)"
-        },
+        if group.live { "live" } else { "stale (no live member)" },
         group.path,
         group.layout
     ));
@@ -468,22 +449,14 @@ fn render_group(out: &mut String, group: &GroupStat) {
     if group.unknown_layout.is_none() {
         let rows: Vec<Option<&RowStat>> = members.iter().map(|m| m.row.as_ref()).collect();
         let cell = |f: &dyn Fn(&RowStat) -> String| -> Vec<String> {
-            rows.iter()
-                .map(|r| r.map(f).unwrap_or_else(|| "-".into()))
-                .collect()
+            rows.iter().map(|r| r.map(f).unwrap_or_else(|| "-".into())).collect()
         };
         let count = |id: usize| cell(&|r: &RowStat| r.counter(id).to_string());
         let mean = |f: fn(&RowStat) -> Option<f64>| {
-            cell(&|r: &RowStat| {
-                f(r).map(|m| format!("{m:.1}"))
-                    .unwrap_or_else(|| "-".into())
-            })
+            cell(&|r: &RowStat| f(r).map(|m| format!("{m:.1}")).unwrap_or_else(|| "-".into()))
         };
         table.row("heartbeat", cell(&|r| r.heartbeat.to_string()));
-        table.row(
-            "finished",
-            cell(&|r| if r.finished { "yes" } else { "no" }.into()),
-        );
+        table.row("finished", cell(&|r| if r.finished { "yes" } else { "no" }.into()));
         table.row("sent msgs", count(counters::SENT_MSGS));
         table.row("sent bytes", count(counters::SENT_BYTES));
         table.row("published slots", cell(&|r| r.published_slots.to_string()));
@@ -494,10 +467,7 @@ fn render_group(out: &mut String, group: &GroupStat) {
             );
         }
         table.row("received msgs", count(counters::RECEIVED_MSGS));
-        table.row(
-            "received frontier",
-            cell(&|r| r.received_frontier.to_string()),
-        );
+        table.row("received frontier", cell(&|r| r.received_frontier.to_string()));
         table.row("stable", count(counters::STABLE));
         table.row("delivered msgs", count(counters::DELIVERED_MSGS));
         table.row("delivered bytes", count(counters::DELIVERED_BYTES));
@@ -513,15 +483,9 @@ fn render_group(out: &mut String, group: &GroupStat) {
         table.row("yields", count(counters::YIELDS));
         table.row("backpressure", count(counters::BACKPRESSURE));
         table.row("steps", count(counters::STEPS));
-        if rows
-            .iter()
-            .any(|r| r.is_some_and(|r| r.delivered_msgs_per_s.is_some()))
-        {
+        if rows.iter().any(|r| r.is_some_and(|r| r.delivered_msgs_per_s.is_some())) {
             table.row("delivered msgs/s", mean(|r| r.delivered_msgs_per_s));
-            table.row(
-                "delivered MB/s",
-                mean(|r| r.delivered_bytes_per_s.map(|b| b / 1e6)),
-            );
+            table.row("delivered MB/s", mean(|r| r.delivered_bytes_per_s.map(|b| b / 1e6)));
         }
     }
     out.push_str(&table.render("  "));
@@ -543,21 +507,12 @@ impl Table {
 
     fn row(&mut self, label: &str, cells: impl IntoIterator<Item = String>) {
         let cells: Vec<String> = cells.into_iter().collect();
-        assert_eq!(
-            cells.len(),
-            self.head.len(),
-            "row '{label}' has the wrong width"
-        );
+        assert_eq!(cells.len(), self.head.len(), "row '{label}' has the wrong width");
         self.rows.push((label.to_string(), cells));
     }
 
     fn render(&self, indent: &str) -> String {
-        let label_width = self
-            .rows
-            .iter()
-            .map(|r| r.0.chars().count())
-            .max()
-            .unwrap_or(0);
+        let label_width = self.rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0);
         let widths: Vec<usize> = (0..self.head.len())
             .map(|c| {
                 self.rows
@@ -619,9 +574,7 @@ mod tests {
             }
         }
         assert_eq!(delivered, total);
-        group
-            .finish(&mut |_| {}, Duration::from_secs(30))
-            .expect("finish");
+        group.finish(&mut |_| {}, Duration::from_secs(30)).expect("finish");
     }
 
     #[test]
@@ -740,13 +693,7 @@ mod tests {
         // Member 1 is a new process (a restart): no rate for it.
         let mut current = [group([7, 9], 3_000)];
         add_rates(&mut current, &previous, Duration::from_millis(500));
-        let rate = |m: usize| {
-            current[0].members[m]
-                .row
-                .as_ref()
-                .unwrap()
-                .delivered_msgs_per_s
-        };
+        let rate = |m: usize| current[0].members[m].row.as_ref().unwrap().delivered_msgs_per_s;
         assert_eq!(rate(0), Some(4_000.0));
         assert_eq!(rate(1), None);
         let table = render_table(Path::new("/dev/shm"), &current);
@@ -791,10 +738,7 @@ mod tests {
         assert!(groups.is_empty());
         assert_eq!(
             render_table(dir.path(), &groups),
-            format!(
-                "no Spindle groups on this host (looked in {})\n",
-                dir.path().display()
-            )
+            format!("no Spindle groups on this host (looked in {})\n", dir.path().display())
         );
         let e = collect(dir.path(), Some("no-such-group")).expect_err("absent");
         assert!(e.contains("no-such-group"), "{e}");

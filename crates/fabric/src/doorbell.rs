@@ -63,10 +63,7 @@ impl FutexDoorbell {
     ///
     /// # Safety
     /// Both pointers must be valid, 4-aligned and outlive the doorbell.
-    pub unsafe fn in_shared_memory(
-        seq: *const AtomicU32,
-        sleepers: *const AtomicU32,
-    ) -> FutexDoorbell {
+    pub unsafe fn in_shared_memory(seq: *const AtomicU32, sleepers: *const AtomicU32) -> FutexDoorbell {
         FutexDoorbell {
             seq,
             sleepers,
@@ -171,11 +168,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         waiter.join().unwrap();
-        assert_eq!(
-            bell.sleepers().load(Ordering::SeqCst),
-            0,
-            "sleepers must balance"
-        );
+        assert_eq!(bell.sleepers().load(Ordering::SeqCst), 0, "sleepers must balance");
     }
 
     #[test]

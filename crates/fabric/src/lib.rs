@@ -84,11 +84,7 @@ pub enum FabricError {
     #[error("member rank {rank} is out of range: the group has {member_count} members")]
     RankOutOfRange { rank: usize, member_count: usize },
     #[error("member {rank} of group '{group}' is already running (pid {pid})")]
-    RankTaken {
-        group: String,
-        rank: usize,
-        pid: u32,
-    },
+    RankTaken { group: String, rank: usize, pid: u32 },
     #[error("push range {start}..{end} is outside the row of {row_len_bytes} bytes")]
     PushOutOfBounds {
         start: usize,
@@ -105,9 +101,7 @@ pub enum FabricError {
     InvalidGroupName { name: String },
     #[error("invalid fabric option: {0}")]
     InvalidOption(String),
-    #[error(
-        "timed out after {waited_ms} ms waiting for members {missing:?} of group '{group}' to join"
-    )]
+    #[error("timed out after {waited_ms} ms waiting for members {missing:?} of group '{group}' to join")]
     JoinTimeout {
         group: String,
         missing: Vec<usize>,
@@ -141,7 +135,8 @@ pub trait Fabric: Send + Sync + 'static {
     /// Length of every row, a multiple of [`CACHE_LINE_BYTES`].
     fn row_len_bytes(&self) -> usize;
     /// The local copy of `rank`'s row. The own row is the writable original;
-    /// every other row must only be read.
+    /// every other row must only be read. Every row reads as zeros until
+    /// its owner writes it (layers above rely on counters starting at 0).
     fn row(&self, rank: usize) -> RowRef<'_>;
     /// Make bytes `range` of the own row visible to `peers`, after
     /// everything pushed to them before. Never blocks on a lock held across
@@ -159,11 +154,7 @@ pub trait Fabric: Send + Sync + 'static {
 }
 
 /// Wait until every member has joined, or fail with the missing ranks.
-pub fn wait_all_joined(
-    fabric: &dyn Fabric,
-    group: &str,
-    timeout: Duration,
-) -> Result<(), FabricError> {
+pub fn wait_all_joined(fabric: &dyn Fabric, group: &str, timeout: Duration) -> Result<(), FabricError> {
     let all = PeerSet::all(fabric.member_count());
     let started = std::time::Instant::now();
     let mut sleep_us = 50u64;

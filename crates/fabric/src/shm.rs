@@ -43,7 +43,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -89,7 +89,7 @@ pub struct ShmHeader {
     doorbell_sleepers: AtomicU32,
     _pad1: [u32; 14],
     pub members: [MemberSlot; MEMBERS_MAX],
-    description: [u8; DESCRIPTION_BYTES_MAX],
+    description: std::cell::UnsafeCell<[u8; DESCRIPTION_BYTES_MAX]>,
 }
 
 const _: () = assert!(std::mem::size_of::<MemberSlot>() == 32);
@@ -116,20 +116,13 @@ pub struct ShmOptions {
 }
 
 impl ShmOptions {
-    pub fn new(
-        group: &str,
-        member_count: usize,
-        row_len_bytes: usize,
-        layout_tag: u64,
-    ) -> ShmOptions {
+    pub fn new(group: &str, member_count: usize, row_len_bytes: usize, layout_tag: u64) -> ShmOptions {
         ShmOptions {
             group: group.to_string(),
             member_count,
             row_len_bytes,
             layout_tag,
-            layout_description: format!(
-                "members={member_count} row_len_bytes={row_len_bytes} tag={layout_tag:#x}"
-            ),
+            layout_description: format!("members={member_count} row_len_bytes={row_len_bytes} tag={layout_tag:#x}"),
             dir: PathBuf::from("/dev/shm"),
         }
     }
@@ -159,9 +152,7 @@ pub fn validate_group_name(name: &str) -> Result<(), FabricError> {
     if ok {
         Ok(())
     } else {
-        Err(FabricError::InvalidGroupName {
-            name: name.to_string(),
-        })
+        Err(FabricError::InvalidGroupName { name: name.to_string() })
     }
 }
 
@@ -202,21 +193,10 @@ impl ShmFabric {
         }
         let row_len_bytes = options.row_len_bytes.next_multiple_of(CACHE_LINE_BYTES);
         let path = options.path();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|e| FabricError::io(format!("open {}", path.display()), e))?;
         let total_bytes = HEADER_BYTES + row_len_bytes * options.member_count;
-
-        lock(&file, LOCK_SETUP, LockKind::Write, Wait::Block)
-            .map_err(|e| FabricError::io(format!("lock {}", path.display()), e))?;
-        let result = Self::open_locked(options, rank, row_len_bytes, total_bytes, &path, &file);
-        let _ = lock(&file, LOCK_SETUP, LockKind::Unlock, Wait::NoWait);
+        let (file, result) = Self::open_current_file(&path, |file| {
+            Self::open_locked(options, rank, row_len_bytes, total_bytes, &path, file)
+        })?;
         let (map, recovered_stale) = result?;
         // SAFETY: the header lies at the start of the mapping (which is at
         // least HEADER_BYTES long, page-aligned), and lives as long as
@@ -237,6 +217,50 @@ impl ShmFabric {
         })
     }
 
+    /// Open the file at `path` and run `setup` under the setup lock, on the
+    /// file that is *still* at `path` once the lock is held: the last member
+    /// of a previous group may have removed it meanwhile, and joining an
+    /// unlinked file would split the group. On failure every lock this
+    /// member took is released explicitly (not only at close, which a
+    /// concurrently forked child could delay).
+    fn open_current_file<T>(
+        path: &Path,
+        setup: impl Fn(&File) -> Result<T, FabricError>,
+    ) -> Result<(File, Result<T, FabricError>), FabricError> {
+        const ATTEMPTS_MAX: usize = 16;
+        for _ in 0..ATTEMPTS_MAX {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                .open(path)
+                .map_err(|e| FabricError::io(format!("open {}", path.display()), e))?;
+            lock(&file, LOCK_SETUP, LockKind::Write, Wait::Block)
+                .map_err(|e| FabricError::io(format!("lock {}", path.display()), e))?;
+            let same = match (file.metadata(), std::fs::symlink_metadata(path)) {
+                (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+                _ => false,
+            };
+            if !same {
+                let _ = lock(&file, LOCK_SETUP, LockKind::Unlock, Wait::NoWait);
+                continue;
+            }
+            let result = setup(&file);
+            if result.is_err() {
+                let _ = lock(&file, LOCK_LIVE, LockKind::Unlock, Wait::NoWait);
+            }
+            let _ = lock(&file, LOCK_SETUP, LockKind::Unlock, Wait::NoWait);
+            return Ok((file, result));
+        }
+        Err(FabricError::InvalidOption(format!(
+            "{} kept being replaced while opening it ({ATTEMPTS_MAX} attempts)",
+            path.display()
+        )))
+    }
+
     fn open_locked(
         options: &ShmOptions,
         rank: usize,
@@ -246,28 +270,31 @@ impl ShmFabric {
         file: &File,
     ) -> Result<(memmap2::MmapRaw, Option<String>), FabricError> {
         let ctx = |what: &str| format!("{what} {}", path.display());
-        let nobody_alive = lock(file, LOCK_LIVE, LockKind::Write, Wait::NoWait)
-            .map_err(|e| FabricError::io(ctx("lock"), e))?;
+        let nobody_alive =
+            lock(file, LOCK_LIVE, LockKind::Write, Wait::NoWait).map_err(|e| FabricError::io(ctx("lock"), e))?;
         let mut recovered_stale = None;
         if nobody_alive {
             recovered_stale = describe_stale(file);
-            file.set_len(0)
-                .map_err(|e| FabricError::io(ctx("truncate"), e))?;
+            file.set_len(0).map_err(|e| FabricError::io(ctx("truncate"), e))?;
             file.set_len(total_bytes as u64)
                 .map_err(|e| FabricError::io(ctx("size"), e))?;
         }
         // Held for life; replaces our write lock when we took one.
-        let live = lock(file, LOCK_LIVE, LockKind::Read, Wait::NoWait)
-            .map_err(|e| FabricError::io(ctx("lock"), e))?;
-        assert!(
-            live,
-            "setup lock held: nobody can hold the live byte for writing"
-        );
+        let live = lock(file, LOCK_LIVE, LockKind::Read, Wait::NoWait).map_err(|e| FabricError::io(ctx("lock"), e))?;
+        assert!(live, "setup lock held: nobody can hold the live byte for writing");
 
-        let file_len = file
-            .metadata()
-            .map_err(|e| FabricError::io(ctx("stat"), e))?
-            .len() as usize;
+        let meta = file.metadata().map_err(|e| FabricError::io(ctx("stat"), e))?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        if meta.uid() != euid || meta.mode() & 0o077 != 0 {
+            return Err(FabricError::InvalidOption(format!(
+                "refusing {}: it belongs to uid {} with mode {:o}, expected uid {euid} and mode 600",
+                path.display(),
+                meta.uid(),
+                meta.mode() & 0o777
+            )));
+        }
+        let file_len = meta.len() as usize;
         if file_len < HEADER_BYTES {
             return Err(FabricError::LayoutMismatch {
                 group: options.group.clone(),
@@ -276,7 +303,7 @@ impl ShmFabric {
             });
         }
         let map = memmap2::MmapOptions::new()
-            .len(file_len.max(total_bytes).min(file_len))
+            .len(file_len)
             .map_raw(file)
             .map_err(|e| FabricError::io(ctx("mmap"), e))?;
         // SAFETY: the mapping is at least HEADER_BYTES (checked above),
@@ -288,13 +315,8 @@ impl ShmFabric {
             check_header(header, options, row_len_bytes, file_len, total_bytes)?;
         }
         let slot = &header.members[rank];
-        if !lock(
-            file,
-            LOCK_RANK_BASE + rank as i64,
-            LockKind::Write,
-            Wait::NoWait,
-        )
-        .map_err(|e| FabricError::io(ctx("lock"), e))?
+        if !lock(file, LOCK_RANK_BASE + rank as i64, LockKind::Write, Wait::NoWait)
+            .map_err(|e| FabricError::io(ctx("lock"), e))?
         {
             return Err(FabricError::RankTaken {
                 group: options.group.clone(),
@@ -345,19 +367,16 @@ fn init_header(header: &ShmHeader, options: &ShmOptions, row_len_bytes: usize) {
     header
         .member_count
         .store(options.member_count as u32, Ordering::Relaxed);
-    header
-        .row_len_bytes
-        .store(row_len_bytes as u64, Ordering::Relaxed);
-    header
-        .layout_tag
-        .store(options.layout_tag, Ordering::Relaxed);
+    header.row_len_bytes.store(row_len_bytes as u64, Ordering::Relaxed);
+    header.layout_tag.store(options.layout_tag, Ordering::Relaxed);
     header.created_unix_ns.store(unix_ns(), Ordering::Relaxed);
     let description = options.layout_description.as_bytes();
     let n = description.len().min(DESCRIPTION_BYTES_MAX - 1);
-    // SAFETY: the description field lies inside the header; nobody else
-    // touches the header while we hold the setup lock and nobody is live.
+    // SAFETY: the description lies inside the header, behind an
+    // UnsafeCell; nobody else touches the header while we hold the setup
+    // lock and nobody is live, and n < its length.
     unsafe {
-        let dst = header.description.as_ptr() as *mut u8;
+        let dst = header.description.get() as *mut u8;
         std::ptr::copy_nonoverlapping(description.as_ptr(), dst, n);
     }
     header.init_complete.store(1, Ordering::Relaxed);
@@ -392,7 +411,9 @@ fn check_header(
 
 /// The layout description stored in a header.
 pub fn describe_header(header: &ShmHeader) -> String {
-    let bytes = &header.description;
+    // SAFETY: the description is written once, before `magic` is
+    // published (Release), and only read afterwards.
+    let bytes = unsafe { &*header.description.get() };
     let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
@@ -444,26 +465,19 @@ impl Fabric for ShmFabric {
 
     #[inline(always)]
     fn row(&self, rank: usize) -> RowRef<'_> {
-        assert!(
-            rank < self.member_count,
-            "rank {rank} >= {}",
-            self.member_count
-        );
+        assert!(rank < self.member_count, "rank {rank} >= {}", self.member_count);
         // SAFETY: the mapping covers HEADER_BYTES + member_count rows
         // (checked at open), rows start at multiples of 64 from a
         // page-aligned base, and the mapping outlives the borrow of self.
         unsafe {
-            let base = self
-                .map
-                .as_mut_ptr()
-                .add(HEADER_BYTES + rank * self.row_len_bytes);
+            let base = self.map.as_mut_ptr().add(HEADER_BYTES + rank * self.row_len_bytes);
             RowRef::new(NonNull::new_unchecked(base), self.row_len_bytes)
         }
     }
 
     #[inline(always)]
     fn push(&self, range: Range<usize>, _peers: PeerSet) -> Result<(), FabricError> {
-        debug_assert!(check_range(&range, self.row_len_bytes).is_ok());
+        check_range(&range, self.row_len_bytes)?;
         // Rows are read in place: a push is ordering only. Partner: the
         // Acquire loads of guards by peers reading this row.
         fence(Ordering::Release);
@@ -548,8 +562,7 @@ impl GroupFile {
     /// member is alive.
     pub fn list(dir: &Path) -> Result<Vec<GroupFile>, FabricError> {
         let mut groups = Vec::new();
-        let entries = std::fs::read_dir(dir)
-            .map_err(|e| FabricError::io(format!("list {}", dir.display()), e))?;
+        let entries = std::fs::read_dir(dir).map_err(|e| FabricError::io(format!("list {}", dir.display()), e))?;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let Some(group) = name.strip_prefix(FILE_PREFIX) else {
@@ -566,8 +579,7 @@ impl GroupFile {
     /// Map one group's file read-only.
     pub fn open(dir: &Path, group: &str) -> Result<GroupFile, FabricError> {
         let path = group_file_path(dir, group);
-        let file = File::open(&path)
-            .map_err(|e| FabricError::io(format!("open {}", path.display()), e))?;
+        let file = File::open(&path).map_err(|e| FabricError::io(format!("open {}", path.display()), e))?;
         let len = file
             .metadata()
             .map_err(|e| FabricError::io(format!("stat {}", path.display()), e))?
@@ -586,6 +598,13 @@ impl GroupFile {
         if header.magic.load(Ordering::Acquire) != MAGIC {
             return Err(FabricError::InvalidOption(format!(
                 "{} is not a Spindle group file",
+                path.display()
+            )));
+        }
+        let member_count = header.member_count.load(Ordering::Relaxed) as usize;
+        if member_count == 0 || member_count > MEMBERS_MAX {
+            return Err(FabricError::InvalidOption(format!(
+                "{} claims {member_count} members (1..={MEMBERS_MAX} allowed)",
                 path.display()
             )));
         }
@@ -624,9 +643,7 @@ impl GroupFile {
         // mapping outlives the borrow; the view is only read.
         unsafe {
             RowRef::new(
-                NonNull::new_unchecked(
-                    self.map.as_ptr().add(HEADER_BYTES + rank * row_len) as *mut u8
-                ),
+                NonNull::new_unchecked(self.map.as_ptr().add(HEADER_BYTES + rank * row_len) as *mut u8),
                 row_len,
             )
         }
@@ -702,13 +719,7 @@ fn lock(file: &File, byte: i64, kind: LockKind, wait: Wait) -> io::Result<bool> 
 fn lock_held(file: &File, byte: i64) -> io::Result<bool> {
     let mut fl = flock_for(byte, libc::F_WRLCK);
     // SAFETY: valid fd; `fl` is initialized and written back by the kernel.
-    let rc = unsafe {
-        libc::fcntl(
-            file.as_raw_fd(),
-            libc::F_OFD_GETLK,
-            &mut fl as *mut libc::flock,
-        )
-    };
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl as *mut libc::flock) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }

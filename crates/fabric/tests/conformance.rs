@@ -114,7 +114,7 @@ impl Harness for ShmHarness {
 
     // ShmFabric::push is a Release fence only; it checks the range with a
     // debug_assert, so release builds accept any range.
-    const PUSH_CHECKS_RANGE_IN_RELEASE: bool = false;
+    const PUSH_CHECKS_RANGE_IN_RELEASE: bool = true;
 
     fn new_group(test: &str, member_count: usize, row_len_bytes: usize) -> ShmHarness {
         let dir = scratch_dir();
@@ -132,10 +132,7 @@ impl Harness for ShmHarness {
 fn scratch_dir() -> tempfile::TempDir {
     let shm = std::path::Path::new("/dev/shm");
     if shm.is_dir() {
-        if let Ok(dir) = tempfile::Builder::new()
-            .prefix("spindle-conformance-")
-            .tempdir_in(shm)
-        {
+        if let Ok(dir) = tempfile::Builder::new().prefix("spindle-conformance-").tempdir_in(shm) {
             return dir;
         }
     }
@@ -252,12 +249,7 @@ mod suite {
             let guard_seen = std::cell::Cell::new(0u64);
             let (mut data_seen, mut observations) = (0u64, 0u64);
             team.wait_until(
-                || {
-                    format!(
-                        "member 0's guard to reach {PUSHES} (at {})",
-                        guard_seen.get()
-                    )
-                },
+                || format!("member 0's guard to reach {PUSHES} (at {})", guard_seen.get()),
                 || {
                     // Partner: the Release store of GUARD by member 0.
                     let guard = theirs.u64_at(GUARD).load(Acquire);
@@ -267,10 +259,7 @@ mod suite {
                         "guard went backwards: {} then {guard}",
                         guard_seen.get()
                     );
-                    assert!(
-                        data >= data_seen,
-                        "data word went backwards: {data_seen} then {data}"
-                    );
+                    assert!(data >= data_seen, "data word went backwards: {data_seen} then {data}");
                     assert!(
                         data >= guard,
                         "guard {guard} visible before the data word pushed ahead of it ({data})"
@@ -298,12 +287,7 @@ mod suite {
             push(fabric, ok, nobody);
         }
         let reversed = std::ops::Range { start: 16, end: 8 };
-        for bad in [
-            0..len + 1,
-            len..len + 8,
-            reversed,
-            usize::MAX - 8..usize::MAX,
-        ] {
+        for bad in [0..len + 1, len..len + 8, reversed, usize::MAX - 8..usize::MAX] {
             let expected = (bad.start, bad.end, len);
             match check_range(&bad, len) {
                 Err(FabricError::PushOutOfBounds {
@@ -341,12 +325,7 @@ mod suite {
             for round in 1..=ROUNDS {
                 for p in peers.iter() {
                     team.wait_until(
-                        || {
-                            format!(
-                                "member {p} to acknowledge round {} of member {me}",
-                                round - 1
-                            )
-                        },
+                        || format!("member {p} to acknowledge round {} of member {me}", round - 1),
                         || fabric.row(p).u64_at(ACK).load(Acquire) >= round - 1,
                     );
                 }
@@ -401,10 +380,7 @@ mod suite {
             Err(FabricError::PeerLeft { rank: 1 }) => {}
             other => panic!("expected PeerLeft {{ rank: 1 }}, got {other:?}"),
         }
-        assert!(
-            member0.joined().contains(0),
-            "a member stays in its own joined set"
-        );
+        assert!(member0.joined().contains(0), "a member stays in its own joined set");
     }
 
     // ---- helpers ----------------------------------------------------------

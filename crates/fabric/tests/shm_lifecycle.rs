@@ -41,9 +41,7 @@ const CHILD_RANK_ENV: &str = "SPINDLE_TEST_RANK";
 static FORK_GUARD: Mutex<()> = Mutex::new(());
 
 fn fork_guard() -> MutexGuard<'static, ()> {
-    FORK_GUARD
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    FORK_GUARD.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// An open that must be refused; returns why.
@@ -81,10 +79,7 @@ fn file_is_created_readable_by_the_owner_only() {
     let options = options(dir.path(), "mode", 2);
     let fabric = ShmFabric::open(&options, 0).expect("open");
     assert_eq!(fabric.path(), options.path());
-    assert!(
-        fabric.recovered_stale().is_none(),
-        "a new file is not a recovery"
-    );
+    assert!(fabric.recovered_stale().is_none(), "a new file is not a recovery");
     let mode = std::fs::metadata(options.path())
         .expect("the group file exists while a member is open")
         .permissions()
@@ -100,15 +95,9 @@ fn file_is_removed_when_the_last_member_leaves() {
     let member1 = ShmFabric::open(&options, 1).expect("open member 1");
     assert_eq!(member0.joined(), PeerSet(0b11));
     drop(member0);
+    assert!(options.path().exists(), "member 1 is still open: the file must stay");
     assert!(
-        options.path().exists(),
-        "member 1 is still open: the file must stay"
-    );
-    assert!(
-        matches!(
-            member1.check_peers(),
-            Err(FabricError::PeerLeft { rank: 0 })
-        ),
+        matches!(member1.check_peers(), Err(FabricError::PeerLeft { rank: 0 })),
         "a clean leave is a departure, not a crash"
     );
     drop(member1);
@@ -164,16 +153,9 @@ fn different_layout_is_refused_with_the_group_name() {
     ] {
         let err = open_refused(bad, 1);
         match &err {
-            FabricError::LayoutMismatch {
-                group,
-                found,
-                expected,
-            } => {
+            FabricError::LayoutMismatch { group, found, expected } => {
                 assert_eq!(group, "layout-grp");
-                assert_eq!(
-                    found, &good.layout_description,
-                    "found: what the file holds"
-                );
+                assert_eq!(found, &good.layout_description, "found: what the file holds");
                 assert_eq!(expected, &bad.layout_description);
             }
             other => panic!("a different {what}: expected LayoutMismatch, got {other:?}"),
@@ -234,10 +216,7 @@ fn stale_file_of_a_crashed_run_is_replaced_and_reported() {
     let child_pid = child.id();
     expect_abort(wait_for_exit(child));
 
-    assert!(
-        options.path().exists(),
-        "a crashed member leaves its file behind"
-    );
+    assert!(options.path().exists(), "a crashed member leaves its file behind");
     let left = GroupFile::open(dir.path(), "stale").expect("the stale file is a group file");
     assert!(!left.live, "nobody holds the live lock after the crash");
     assert_eq!(left.member_state(0), "crashed");
@@ -245,24 +224,15 @@ fn stale_file_of_a_crashed_run_is_replaced_and_reported() {
     drop(left);
 
     let fabric = ShmFabric::open(&options, 0).expect("a stale file does not block a new run");
-    let report = fabric
-        .recovered_stale()
-        .expect("the recovery is reported")
-        .to_string();
+    let report = fabric.recovered_stale().expect("the recovery is reported").to_string();
     assert!(report.contains("crashed"), "report: {report}");
     assert!(report.contains("member 0"), "report: {report}");
     assert!(
         report.contains(&format!("pid {child_pid}")),
         "report names the crashed process: {report}"
     );
-    assert_eq!(
-        fabric.joined(),
-        PeerSet(0b01),
-        "the crashed member's slot was cleared"
-    );
-    fabric
-        .check_peers()
-        .expect("no peer of the new run is gone");
+    assert_eq!(fabric.joined(), PeerSet(0b01), "the crashed member's slot was cleared");
+    fabric.check_peers().expect("no peer of the new run is gone");
     drop(fabric);
     assert!(!options.path().exists());
 }
@@ -329,11 +299,7 @@ fn child_open_and_abort() {
     let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("child needs {name}"));
     let members: usize = var(CHILD_MEMBERS_ENV).parse().expect("member count");
     let rank: usize = var(CHILD_RANK_ENV).parse().expect("rank");
-    let options = options(
-        Path::new(&var(CHILD_DIR_ENV)),
-        &var(CHILD_GROUP_ENV),
-        members,
-    );
+    let options = options(Path::new(&var(CHILD_DIR_ENV)), &var(CHILD_GROUP_ENV), members);
     let fabric = ShmFabric::open(&options, rank).expect("child: open the group");
     assert!(fabric.joined().contains(rank));
     disable_core_dumps();
@@ -359,12 +325,7 @@ fn spawn_child_member(dir: &Path, group: &str, members: usize, rank: usize) -> C
     let exe = std::env::current_exe().expect("path of the test binary");
     let _guard = fork_guard();
     Command::new(exe)
-        .args([
-            "--exact",
-            "child_open_and_abort",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", "child_open_and_abort", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, "open_and_abort")
         .env(CHILD_DIR_ENV, dir)
         .env(CHILD_GROUP_ENV, group)
@@ -392,9 +353,7 @@ fn wait_for_exit(mut child: Child) -> Output {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    child
-        .wait_with_output()
-        .expect("collect the child's output")
+    child.wait_with_output().expect("collect the child's output")
 }
 
 fn expect_abort(output: Output) {

@@ -53,9 +53,7 @@ impl SenderSet {
             "all" => Ok(SenderSet::All),
             "half" => Ok(SenderSet::Half),
             "one" => Ok(SenderSet::One),
-            other => Err(format!(
-                "unknown sender set '{other}': expected all, half or one"
-            )),
+            other => Err(format!("unknown sender set '{other}': expected all, half or one")),
         }
     }
 
@@ -152,9 +150,7 @@ impl GroupConfig {
             ));
         }
         if ranks.windows(2).any(|w| w[0] >= w[1]) {
-            return bad(format!(
-                "senders: ranks {ranks:?} must be ascending without repeats"
-            ));
+            return bad(format!("senders: ranks {ranks:?} must be ascending without repeats"));
         }
         if !self.window_slots.is_power_of_two()
             || self.window_slots < 2

@@ -105,15 +105,9 @@ pub struct GroupCore<F: Fabric> {
 
 impl<F: Fabric> GroupCore<F> {
     /// A member's protocol state over a fabric whose rows follow `layout`.
-    pub fn new(
-        fabric: Arc<F>,
-        config: &GroupConfig,
-        layout: SmcLayout,
-    ) -> Result<GroupCore<F>, GroupError> {
+    pub fn new(fabric: Arc<F>, config: &GroupConfig, layout: SmcLayout) -> Result<GroupCore<F>, GroupError> {
         config.validate()?;
-        if fabric.row_len_bytes() < layout.row.row_len_bytes()
-            || fabric.member_count() != config.members
-        {
+        if fabric.row_len_bytes() < layout.row.row_len_bytes() || fabric.member_count() != config.members {
             return Err(GroupError::Config(format!(
                 "fabric ({} members, {} B rows) does not fit the layout ({} members, {} B rows)",
                 fabric.member_count(),
@@ -180,11 +174,7 @@ impl<F: Fabric> GroupCore<F> {
 
     /// One bounded pass (see the module docs). `deliver` is called once per
     /// delivered message, in delivery order.
-    pub fn step<D: FnMut(&Delivery<'_>)>(
-        &mut self,
-        now_ns: u64,
-        deliver: &mut D,
-    ) -> Result<u32, GroupError> {
+    pub fn step<D: FnMut(&Delivery<'_>)>(&mut self, now_ns: u64, deliver: &mut D) -> Result<u32, GroupError> {
         let mut work = 0u32;
         if self.my_sender_index.is_some() {
             work += self.publish()?;
@@ -334,9 +324,7 @@ impl<F: Fabric> GroupCore<F> {
         let fabric = Arc::clone(&self.fabric);
         let row = fabric.row(rank);
         // Partner: the Release store of the guard in `publish`.
-        let guard = row
-            .u64_at(self.layout.guard.offset())
-            .load(Ordering::Acquire);
+        let guard = row.u64_at(self.layout.guard.offset()).load(Ordering::Acquire);
         let mut p = self.recv_slots[i];
         if guard <= p {
             return 0;
@@ -387,8 +375,7 @@ impl<F: Fabric> GroupCore<F> {
                 msgs += null_count as u64;
             }
         }
-        self.counters
-            .add(counters::RECEIVED_MSGS, msgs - self.recv_msgs[i]);
+        self.counters.add(counters::RECEIVED_MSGS, msgs - self.recv_msgs[i]);
         self.recv_slots[i] = p;
         self.recv_msgs[i] = msgs;
         let me = fabric.row(self.my_rank);
@@ -410,6 +397,10 @@ impl<F: Fabric> GroupCore<F> {
     /// last pass) whose missing indices hold back others' received
     /// messages sends nulls, all of them in one slot. Returns whether it
     /// committed a null slot.
+    ///
+    /// Liveness: a sender that keeps hitting back-pressure never blocks the
+    /// order, because a full window means its W oldest messages are
+    /// published, and all lie below any index it could be missing.
     fn send_nulls_if_blocking(&mut self) -> bool {
         let si = self.my_sender_index.expect("only senders send nulls");
         let senders = self.sender_ranks.len();
@@ -424,12 +415,19 @@ impl<F: Fabric> GroupCore<F> {
         }
         self.null_target = target;
         let ring = self.ring.as_ref().expect("sender has a ring");
-        if target <= self.next_msg_index || ring.reserved() != self.published_slots {
+        let reserved = ring.reserved();
+        let backpressure = ring.backpressure.load(Ordering::Relaxed);
+        let app_active = reserved != self.app_reserved_seen || backpressure != self.app_backpressure_seen;
+        self.app_reserved_seen = reserved;
+        self.app_backpressure_seen = backpressure;
+        if app_active || target <= self.next_msg_index || reserved != self.published_slots {
             return false;
         }
         let Some(p) = ring.reserve() else {
+            self.app_backpressure_seen = ring.backpressure.load(Ordering::Relaxed);
             return false;
         };
+        self.app_reserved_seen = p + 1;
         let run = (target - self.next_msg_index).min(NULL_COUNT_SKIP as u64 - 1) as u32;
         let me = self.row(self.my_rank);
         let off = self.layout.slot_offset(p);
@@ -456,10 +454,7 @@ impl<F: Fabric> GroupCore<F> {
         stable
     }
 
-    fn deliver_stable<D: FnMut(&Delivery<'_>)>(
-        &mut self,
-        deliver: &mut D,
-    ) -> Result<u32, GroupError> {
+    fn deliver_stable<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
         let stable = self.stable();
         if stable <= self.delivered_num {
             return Ok(0);
@@ -493,7 +488,10 @@ impl<F: Fabric> GroupCore<F> {
                 }
                 let first = row.u64_at(off).load(Ordering::Relaxed);
                 if null_count == 0 {
-                    assert_eq!(first, index, "total order: sender {rank} slot {p} holds index {first}, seq {q} needs {index}");
+                    assert_eq!(
+                        first, index,
+                        "total order: sender {rank} slot {p} holds index {first}, seq {q} needs {index}"
+                    );
                     let len = row.u32_at(off + 12).load(Ordering::Relaxed) as usize;
                     // SAFETY: slot p was published by the guard we loaded with
                     // Acquire when receiving it, and stays ours until we store
@@ -605,16 +603,13 @@ impl<F: Fabric> GroupCore<F> {
     /// Mark this member finished (it has all it wants and will leave).
     pub fn set_finished(&self) -> Result<(), FabricError> {
         let off = self.layout.finished.offset();
-        self.row(self.my_rank)
-            .u64_at(off)
-            .store(1, Ordering::Release);
+        self.row(self.my_rank).u64_at(off).store(1, Ordering::Release);
         self.push_progress_all()
     }
 
     fn push_progress_all(&self) -> Result<(), FabricError> {
         let start = self.layout.received_frontier.offset();
-        self.fabric
-            .push(start..self.layout.progress_range().end, self.peers)?;
+        self.fabric.push(start..self.layout.progress_range().end, self.peers)?;
         self.fabric.doorbell().ring();
         Ok(())
     }
@@ -627,8 +622,7 @@ impl<F: Fabric> GroupCore<F> {
     /// Copy the private counters into the row for `spindle stat`.
     pub(crate) fn flush_counters(&mut self) {
         if let Some(ring) = &self.ring {
-            self.counters.values[counters::BACKPRESSURE] =
-                ring.backpressure.load(Ordering::Relaxed);
+            self.counters.values[counters::BACKPRESSURE] = ring.backpressure.load(Ordering::Relaxed);
         }
         let me = self.row(self.my_rank);
         for (id, value) in self.counters.values.iter().enumerate() {

@@ -21,13 +21,9 @@ pub enum SendError {
     /// Every slot is in flight: flow control is waiting for the slowest
     /// member. Retry after the progress loop has run (never waits here,
     /// so it is safe inside a delivery callback).
-    #[error(
-        "send window full: every slot is still in use by some member (back-pressure); retry later"
-    )]
+    #[error("send window full: every slot is still in use by some member (back-pressure); retry later")]
     WouldBlock,
-    #[error(
-        "payload of {len} bytes is larger than the slot payload size of {slot_payload_max} bytes"
-    )]
+    #[error("payload of {len} bytes is larger than the slot payload size of {slot_payload_max} bytes")]
     TooLarge { len: usize, slot_payload_max: usize },
     #[error("member {rank} is not a sender in this view")]
     NotASender { rank: usize },

@@ -66,13 +66,10 @@ impl<F: Fabric> Group<F> {
 
     /// A sending handle, if this member is a sender.
     pub fn sender(&self) -> Option<Sender<F>> {
-        self.core.ring.as_ref().map(|ring| {
-            Sender::new(
-                self.core.fabric().clone(),
-                ring.clone(),
-                self.core.layout.clone(),
-            )
-        })
+        self.core
+            .ring
+            .as_ref()
+            .map(|ring| Sender::new(self.core.fabric().clone(), ring.clone(), self.core.layout.clone()))
     }
 
     pub fn config(&self) -> &GroupConfig {
@@ -93,29 +90,29 @@ impl<F: Fabric> Group<F> {
 
     /// One pass, then the idle strategy if it found nothing to do.
     #[inline]
-    pub fn poll_or_idle<D: FnMut(&Delivery<'_>)>(
-        &mut self,
-        deliver: &mut D,
-    ) -> Result<u32, GroupError> {
+    pub fn poll_or_idle<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
         let work = self.core.step(monotonic_ns(), deliver)?;
+        self.idle(work);
+        Ok(work)
+    }
+
+    /// Apply the idle strategy after a pass of the application's own loop
+    /// (`work`: what the pass and the application did; 0 backs off: spin,
+    /// then yield, then park on the doorbell).
+    #[inline]
+    pub fn idle(&mut self, work: u32) {
         let core = &self.core;
-        self.idler
-            .idle(work, core.fabric().doorbell(), || core.has_work());
+        self.idler.idle(work, core.fabric().doorbell(), || core.has_work());
         if work == 0 {
             let (parks, yields) = (self.idler.parks, self.idler.yields);
             self.core.record_idle(parks, yields);
         }
-        Ok(work)
     }
 
     /// Leave cleanly: mark this member finished, then keep the protocol
     /// running (delivering into `deliver`) until every member is finished,
     /// so nobody mistakes our exit for a crash.
-    pub fn finish<D: FnMut(&Delivery<'_>)>(
-        &mut self,
-        deliver: &mut D,
-        timeout: Duration,
-    ) -> Result<(), GroupError> {
+    pub fn finish<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D, timeout: Duration) -> Result<(), GroupError> {
         self.core.set_finished()?;
         let started = Instant::now();
         while !self.core.all_finished() {
@@ -157,10 +154,7 @@ pub struct GroupAgent<F: Fabric> {
 }
 
 impl<F: Fabric> GroupAgent<F> {
-    pub fn new<H: FnMut(&Delivery<'_>) + Send + 'static>(
-        group: Group<F>,
-        handler: H,
-    ) -> GroupAgent<F> {
+    pub fn new<H: FnMut(&Delivery<'_>) + Send + 'static>(group: Group<F>, handler: H) -> GroupAgent<F> {
         GroupAgent {
             group,
             handler: Box::new(handler),

@@ -138,10 +138,7 @@ impl SmcLayout {
         if last > start {
             [start..last, 0..0]
         } else {
-            [
-                start..self.ring.offset() + self.ring.len(),
-                self.ring.offset()..last,
-            ]
+            [start..self.ring.offset() + self.ring.len(), self.ring.offset()..last]
         }
     }
 }

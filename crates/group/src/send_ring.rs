@@ -35,10 +35,7 @@ pub struct SendRing {
 
 impl SendRing {
     pub fn new(window_slots: usize) -> SendRing {
-        assert!(
-            window_slots.is_power_of_two(),
-            "window_slots must be a power of two"
-        );
+        assert!(window_slots.is_power_of_two(), "window_slots must be a power of two");
         SendRing {
             reserved: CachePadded::new(AtomicU64::new(0)),
             limit: CachePadded::new(AtomicU64::new(window_slots as u64)),
@@ -60,12 +57,10 @@ impl SendRing {
                 self.backpressure.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
-            match self.reserved.compare_exchange_weak(
-                r,
-                r + 1,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
+            match self
+                .reserved
+                .compare_exchange_weak(r, r + 1, Ordering::Relaxed, Ordering::Relaxed)
+            {
                 Ok(_) => return Some(r),
                 Err(seen) => r = seen,
             }
@@ -138,18 +133,10 @@ mod tests {
     fn reserve_respects_limit_and_scan_stops_at_holes() {
         let ring = SendRing::new(4);
         let got: Vec<u64> = (0..5).filter_map(|_| ring.reserve()).collect();
-        assert_eq!(
-            got,
-            vec![0, 1, 2, 3],
-            "window of 4: the fifth reservation is refused"
-        );
+        assert_eq!(got, vec![0, 1, 2, 3], "window of 4: the fifth reservation is refused");
         assert_eq!(ring.backpressure.load(Ordering::Relaxed), 1);
         ring.commit(1);
-        assert_eq!(
-            ring.scan(0),
-            0,
-            "position 0 not committed: nothing publishable"
-        );
+        assert_eq!(ring.scan(0), 0, "position 0 not committed: nothing publishable");
         ring.commit(0);
         assert_eq!(ring.scan(0), 2);
         ring.set_limit(6);
@@ -157,10 +144,6 @@ mod tests {
         ring.commit(2);
         ring.commit(3);
         ring.commit(4);
-        assert_eq!(
-            ring.scan(2),
-            3,
-            "stale marks from the last lap do not count"
-        );
+        assert_eq!(ring.scan(2), 3, "stale marks from the last lap do not count");
     }
 }

@@ -34,11 +34,7 @@ impl<F: Fabric> Clone for Sender<F> {
 
 impl<F: Fabric> Sender<F> {
     pub(crate) fn new(fabric: Arc<F>, ring: Arc<SendRing>, layout: Arc<SmcLayout>) -> Sender<F> {
-        Sender {
-            fabric,
-            ring,
-            layout,
-        }
+        Sender { fabric, ring, layout }
     }
 
     /// Largest payload a slot carries.
@@ -118,8 +114,7 @@ impl<F: Fabric> SendSlot<'_, F> {
 
     fn finish(&mut self, null_count: u32, len: u32) {
         let row = self.sender.fabric.row(self.sender.fabric.member_rank());
-        row.u32_at(self.offset + 8)
-            .store(null_count, Ordering::Relaxed);
+        row.u32_at(self.offset + 8).store(null_count, Ordering::Relaxed);
         row.u32_at(self.offset + 12).store(len, Ordering::Relaxed);
         // The Release in `commit` orders the payload and header before the mark.
         self.sender.ring.commit(self.position);

@@ -56,21 +56,13 @@ impl Run {
         for (rank, t) in threads.into_iter().enumerate() {
             logs.insert(rank, t.join().expect("member thread"));
         }
-        let expected: BTreeMap<usize, u64> =
-            sender_ranks.iter().map(|r| (*r, self.per_sender)).collect();
-        invariants::check_all(&logs, &expected, self.mode == DeliveryMode::Ordered)
-            .expect("invariants hold");
+        let expected: BTreeMap<usize, u64> = sender_ranks.iter().map(|r| (*r, self.per_sender)).collect();
+        invariants::check_all(&logs, &expected, self.mode == DeliveryMode::Ordered).expect("invariants hold");
         logs
     }
 }
 
-fn member(
-    config: GroupConfig,
-    rank: usize,
-    per_sender: u64,
-    total: u64,
-    sizes: fn(u64) -> usize,
-) -> Vec<LogEntry> {
+fn member(config: GroupConfig, rank: usize, per_sender: u64, total: u64, sizes: fn(u64) -> usize) -> Vec<LogEntry> {
     let mut group = Group::join_shm(config, rank).expect("join");
     let sender = group.sender();
     let mut sent = 0u64;
@@ -110,9 +102,7 @@ fn member(
             break;
         }
     }
-    group
-        .finish(&mut |_| {}, Duration::from_secs(30))
-        .expect("finish");
+    group.finish(&mut |_| {}, Duration::from_secs(30)).expect("finish");
     log
 }
 
@@ -225,10 +215,7 @@ fn a_vanished_member_is_reported_by_rank() {
             Err(e) => break e,
         }
     };
-    assert!(
-        matches!(err, GroupError::MemberGone { rank: 1 }),
-        "got {err}"
-    );
+    assert!(matches!(err, GroupError::MemberGone { rank: 1 }), "got {err}");
     assert!(err.to_string().contains("member 1 is gone"));
 }
 
@@ -239,16 +226,8 @@ fn bad_configuration_names_the_bad_value() {
     let msg = config.validate().unwrap_err().to_string();
     assert!(msg.contains("window_slots = 1000"), "{msg}");
     let config = GroupConfig::new("bad/name", 2);
-    assert!(config
-        .validate()
-        .unwrap_err()
-        .to_string()
-        .contains("bad/name"));
+    assert!(config.validate().unwrap_err().to_string().contains("bad/name"));
     let mut config = GroupConfig::new("ok-name", 2);
     config.senders = SenderSet::Ranks(vec![5]);
-    assert!(config
-        .validate()
-        .unwrap_err()
-        .to_string()
-        .contains("rank 5"));
+    assert!(config.validate().unwrap_err().to_string().contains("rank 5"));
 }

@@ -45,9 +45,6 @@ fn reserved_slots_are_exclusive_and_published_writes_are_visible() {
             w.join().unwrap();
         }
         published += ring.scan(published);
-        assert_eq!(
-            published, 2,
-            "both commits are eventually published, no duplication"
-        );
+        assert_eq!(published, 2, "both commits are eventually published, no duplication");
     });
 }

@@ -15,11 +15,7 @@ pub enum IdleStrategy {
     /// Never give the core up: lowest latency, needs a core per loop.
     BusySpin,
     /// Spin `spins`, then yield `yields` times, then park up to `park`.
-    Backoff {
-        spins: u32,
-        yields: u32,
-        park: Duration,
-    },
+    Backoff { spins: u32, yields: u32, park: Duration },
 }
 
 impl IdleStrategy {
@@ -35,9 +31,7 @@ impl IdleStrategy {
         match s {
             "spin" | "busy-spin" => Ok(IdleStrategy::BusySpin),
             "backoff" => Ok(IdleStrategy::DEFAULT_BACKOFF),
-            other => Err(format!(
-                "unknown idle strategy '{other}': expected 'spin' or 'backoff'"
-            )),
+            other => Err(format!("unknown idle strategy '{other}': expected 'spin' or 'backoff'")),
         }
     }
 }
@@ -77,11 +71,7 @@ impl Idler {
         }
         match self.strategy {
             IdleStrategy::BusySpin => std::hint::spin_loop(),
-            IdleStrategy::Backoff {
-                spins,
-                yields,
-                park,
-            } => {
+            IdleStrategy::Backoff { spins, yields, park } => {
                 self.idle_passes = self.idle_passes.saturating_add(1);
                 if self.idle_passes <= spins {
                     std::hint::spin_loop();

@@ -123,10 +123,7 @@ impl LayoutBuilder {
     }
 
     pub fn build(&self) -> RowLayout {
-        let row_len_bytes = self
-            .cursor
-            .next_multiple_of(CACHE_LINE_BYTES)
-            .max(CACHE_LINE_BYTES);
+        let row_len_bytes = self.cursor.next_multiple_of(CACHE_LINE_BYTES).max(CACHE_LINE_BYTES);
         // FNV-1a over names, offsets and lengths: equal layouts, equal tags.
         let mut tag: u64 = 0xcbf2_9ce4_8422_2325;
         let mut mix = |bytes: &[u8]| {
@@ -190,10 +187,7 @@ impl RowLayout {
 
     /// One-line summary (stored in the shm header).
     pub fn summary(&self) -> String {
-        format!(
-            "{} row_len_bytes={} tag={:#x}",
-            self.name, self.row_len_bytes, self.tag
-        )
+        format!("{} row_len_bytes={} tag={:#x}", self.name, self.row_len_bytes, self.tag)
     }
 }
 

@@ -19,10 +19,7 @@ use crate::idle::{IdleStrategy, Idler};
 /// a host, so timestamps compare across members on shm).
 #[inline]
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid out-pointer for the call.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -119,11 +116,7 @@ impl<A: Agent + 'static> AgentRunner<A> {
     }
 }
 
-fn run_agents<A: Agent>(
-    mut agents: Vec<A>,
-    idle: IdleStrategy,
-    stop: &AtomicBool,
-) -> Result<Vec<A>, A::Error> {
+fn run_agents<A: Agent>(mut agents: Vec<A>, idle: IdleStrategy, stop: &AtomicBool) -> Result<Vec<A>, A::Error> {
     let mut idlers: Vec<Idler> = agents.iter().map(|_| Idler::new(idle)).collect();
     // Partner: the Release store in AgentRunner::stop.
     while !stop.load(Ordering::Acquire) {

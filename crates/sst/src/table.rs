@@ -25,11 +25,7 @@ impl<F: Fabric> Sst<F> {
             layout.row_len_bytes()
         );
         let peers = PeerSet::all_except(fabric.member_rank(), fabric.member_count());
-        Sst {
-            fabric,
-            layout,
-            peers,
-        }
+        Sst { fabric, layout, peers }
     }
 
     pub fn fabric(&self) -> &Arc<F> {
@@ -54,10 +50,7 @@ impl<F: Fabric> Sst<F> {
     /// Load `rank`'s cell. Partner: the Release store in [`Sst::set`].
     #[inline(always)]
     pub fn get(&self, rank: usize, column: U64Column) -> u64 {
-        self.fabric
-            .row(rank)
-            .u64_at(column.offset())
-            .load(Ordering::Acquire)
+        self.fabric.row(rank).u64_at(column.offset()).load(Ordering::Acquire)
     }
 
     #[inline(always)]
@@ -71,9 +64,7 @@ impl<F: Fabric> Sst<F> {
     /// Store the own cell. Partner: the Acquire load in [`Sst::get`].
     #[inline(always)]
     pub fn set(&self, column: U64Column, value: u64) {
-        self.my_row()
-            .u64_at(column.offset())
-            .store(value, Ordering::Release);
+        self.my_row().u64_at(column.offset()).store(value, Ordering::Release);
     }
 
     #[inline(always)]

@@ -55,21 +55,14 @@ pub fn read_logs(dir: &Path) -> Result<Logs, String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("read {}: {e}", dir.display()))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rank) = name
-            .strip_prefix("member-")
-            .and_then(|n| n.strip_suffix(".jsonl"))
-        else {
+        let Some(rank) = name.strip_prefix("member-").and_then(|n| n.strip_suffix(".jsonl")) else {
             continue;
         };
-        let rank: usize = rank
-            .parse()
-            .map_err(|_| format!("bad log file name {name}"))?;
-        let text =
-            std::fs::read_to_string(entry.path()).map_err(|e| format!("read {name}: {e}"))?;
+        let rank: usize = rank.parse().map_err(|_| format!("bad log file name {name}"))?;
+        let text = std::fs::read_to_string(entry.path()).map_err(|e| format!("read {name}: {e}"))?;
         let mut lines = Vec::new();
         for (n, line) in text.lines().enumerate() {
-            let e: LogEntry =
-                serde_json::from_str(line).map_err(|e| format!("{name} line {}: {e}", n + 1))?;
+            let e: LogEntry = serde_json::from_str(line).map_err(|e| format!("{name} line {}: {e}", n + 1))?;
             if e.member != rank {
                 return Err(format!(
                     "{name} line {}: member {} in the log of member {rank}",
@@ -89,11 +82,7 @@ pub fn read_logs(dir: &Path) -> Result<Logs, String> {
 
 /// Run every checker. `expected_per_sender`: how many messages each
 /// sender rank sent (for [`no_gaps`]); `ordered`: whether total order applies.
-pub fn check_all(
-    logs: &Logs,
-    expected_per_sender: &BTreeMap<usize, u64>,
-    ordered: bool,
-) -> Result<(), Violation> {
+pub fn check_all(logs: &Logs, expected_per_sender: &BTreeMap<usize, u64>, ordered: bool) -> Result<(), Violation> {
     no_duplication::check(logs)?;
     fifo::check(logs)?;
     integrity::check(logs)?;

@@ -11,10 +11,7 @@ pub fn check(logs: &Logs) -> Result<(), Violation> {
             if !seen.insert((e.sender, e.index)) {
                 return Err(Violation::new(
                     "no duplication",
-                    format!(
-                        "member {member} delivered sender {} index {} twice",
-                        e.sender, e.index
-                    ),
+                    format!("member {member} delivered sender {} index {} twice", e.sender, e.index),
                 ));
             }
         }

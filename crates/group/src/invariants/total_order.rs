@@ -8,10 +8,7 @@ pub fn check(logs: &Logs) -> Result<(), Violation> {
         if let Some(w) = entries.windows(2).find(|w| w[1].seq <= w[0].seq) {
             return Err(Violation::new(
                 "total order",
-                format!(
-                    "member {member} delivered seq {} after seq {}",
-                    w[1].seq, w[0].seq
-                ),
+                format!("member {member} delivered seq {} after seq {}", w[1].seq, w[0].seq),
             ));
         }
     }

@@ -1,0 +1,211 @@
+//! End-to-end tests of the `spindle` binary: real member processes on
+//! shared memory, as a user runs them.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use spindle_group::invariants;
+
+fn spindle() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_spindle"))
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("run spindle")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+#[test]
+fn demo_members_deliver_the_same_sequence_and_logs_pass_the_checkers() {
+    let dir = tempdir();
+    let out = run(spindle()
+        .args(["demo", "--count", "3000", "--size", "64", "--delivery-log"])
+        .arg(dir.path()));
+    assert!(out.status.success(), "demo failed: {}", text(&out));
+    assert!(
+        text(&out).contains("delivered the same 9000 messages in the same total order"),
+        "{}",
+        text(&out)
+    );
+    let logs = invariants::read_logs(dir.path()).expect("logs");
+    assert_eq!(logs.len(), 3, "one log per member");
+    let expected = BTreeMap::from([(0, 3000), (1, 3000), (2, 3000)]);
+    invariants::check_all(&logs, &expected, true).expect("total order, FIFO, no duplication, no gaps");
+    assert!(logs.values().all(|l| l.len() == 9000));
+}
+
+#[test]
+fn bench_writes_json_with_the_documented_keys_and_unordered_logs_pass() {
+    let dir = tempdir();
+    let json = dir.path().join("r.json");
+    let logs_dir = dir.path().join("logs");
+    let out = run(spindle()
+        .args([
+            "bench",
+            "multicast",
+            "--members",
+            "3",
+            "--senders",
+            "half",
+            "--size",
+            "100",
+        ])
+        .args(["--count", "2000", "--mode", "unordered", "--window", "64", "--json"])
+        .arg(&json)
+        .arg("--delivery-log")
+        .arg(&logs_dir));
+    assert!(out.status.success(), "bench failed: {}", text(&out));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for key in [
+        "transport",
+        "mode",
+        "members",
+        "senders",
+        "size",
+        "count",
+        "delivered_gbps_min",
+        "delivered_msgs_per_s_min",
+        "latency_ns",
+        "baseline_gbps",
+        "ratio_to_baseline",
+    ] {
+        assert!(report.get(key).is_some(), "missing key {key}");
+    }
+    for p in ["p50", "p99", "p999"] {
+        assert!(report["latency_ns"].get(p).is_some(), "missing latency_ns.{p}");
+    }
+    assert_eq!(report["transport"], "shm");
+    assert_eq!(report["mode"], "unordered");
+    assert!(report["baseline_gbps"].as_f64().unwrap() > 0.0);
+    let logs = invariants::read_logs(&logs_dir).unwrap();
+    // senders=half of 3 members: ranks 0 and 1.
+    invariants::check_all(&logs, &BTreeMap::from([(0, 2000), (1, 2000)]), false).unwrap();
+}
+
+#[test]
+fn a_killed_member_stops_the_others_with_a_clear_error() {
+    // A long run; kill -9 one member process and expect the others (and
+    // the coordinator) to stop with "member N is gone", not hang.
+    let child = spindle()
+        .args([
+            "bench",
+            "multicast",
+            "--members",
+            "3",
+            "--size",
+            "64",
+            "--count",
+            "100000000",
+            "--no-baseline",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let coordinator = child.id();
+    let victim = wait_for_member_pid(coordinator, Duration::from_secs(60)).expect("member processes appear");
+    // SAFETY: kill(2) on a pid we just read from /proc; at worst it has exited.
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    let out = child.wait_with_output().unwrap();
+    let all = text(&out);
+    assert!(!out.status.success(), "the run must fail: {all}");
+    assert!(
+        all.contains("is gone") || all.contains("failed"),
+        "clear error expected: {all}"
+    );
+    assert!(all.contains("is gone"), "a survivor names the dead member: {all}");
+}
+
+/// The pid of a `spindle member` child of `parent`, once the group is running.
+fn wait_for_member_pid(parent: u32, timeout: Duration) -> Option<u32> {
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if ppid == Some(parent) && cmdline.contains("member") && cmdline.contains("--rank\u{0}1") {
+                // Give the group time to start moving messages.
+                std::thread::sleep(Duration::from_millis(500));
+                return Some(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn bad_arguments_name_the_bad_value() {
+    for (args, needle) in [
+        (vec!["bench", "multicast", "--senders", "most"], "most"),
+        (vec!["bench", "multicast", "--mode", "chaotic"], "chaotic"),
+        (vec!["bench", "multicast", "--window", "100"], "--window 100"),
+        (vec!["bench", "multicast", "--size", "8"], "--size 8"),
+        (
+            vec!["bench", "multicast", "--size", "2000", "--slot-size", "1000"],
+            "never truncated",
+        ),
+        (vec!["bench", "multicast", "--members", "0"], "--members 0"),
+        (vec!["bench", "multicast", "--idle", "nap"], "nap"),
+        (vec!["demo", "--members", "99"], "--members 99"),
+        (vec!["stat", "--group", "no-such-group-here"], "no-such-group-here"),
+    ] {
+        let out = run(spindle().args(&args));
+        assert!(!out.status.success(), "{args:?} must fail");
+        assert!(
+            text(&out).contains(needle),
+            "{args:?}: error must name '{needle}': {}",
+            text(&out)
+        );
+        assert!(
+            !text(&out).contains("panicked"),
+            "{args:?}: no panic trace: {}",
+            text(&out)
+        );
+    }
+}
+
+#[test]
+fn the_shm_file_is_removed_after_a_clean_run() {
+    let out = run(spindle().args([
+        "bench",
+        "multicast",
+        "--members",
+        "2",
+        "--size",
+        "32",
+        "--count",
+        "1000",
+        "--no-baseline",
+    ]));
+    assert!(out.status.success(), "{}", text(&out));
+    let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("spindle-bench-") || n.starts_with("spindlebase-"))
+        .filter(|n| !Path::new("/proc").join(n.rsplit('-').next().unwrap_or("")).exists())
+        .collect();
+    assert!(leftovers.is_empty(), "files left in /dev/shm: {leftovers:?}");
+}
