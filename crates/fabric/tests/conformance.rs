@@ -112,8 +112,7 @@ pub struct ShmHarness {
 impl Harness for ShmHarness {
     type Fabric = ShmFabric;
 
-    // ShmFabric::push is a Release fence only; it checks the range with a
-    // debug_assert, so release builds accept any range.
+    // ShmFabric::push checks the range, then is a Release fence.
     const PUSH_CHECKS_RANGE_IN_RELEASE: bool = true;
 
     fn new_group(test: &str, member_count: usize, row_len_bytes: usize) -> ShmHarness {
