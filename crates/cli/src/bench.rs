@@ -59,6 +59,12 @@ pub struct MulticastArgs {
     /// Write each member's delivery log (JSON lines) into this directory.
     #[arg(long)]
     pub delivery_log: Option<PathBuf>,
+    /// Senders also read every byte of their own delivered messages (by
+    /// default a sender checks its own deliveries by header only: those
+    /// bytes never left its core, so reading them again is not data
+    /// movement; receivers always read every byte).
+    #[arg(long)]
+    pub self_check: bool,
     /// Skip the raw shm baseline.
     #[arg(long)]
     pub no_baseline: bool,
@@ -135,6 +141,7 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
         } else {
             (args.count / 100_000).max(1)
         },
+        self_check: args.self_check,
         delivery_log: args.delivery_log.clone(),
         result_dir: result_dir.clone(),
         join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
@@ -167,6 +174,7 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
         count: args.count,
         window: args.window,
         batching: !args.no_batching,
+        self_check: args.self_check,
         idle: args.idle.clone(),
         rate: args.rate,
         delivered_gbps_min: slowest.delivered_gbps,
@@ -319,8 +327,9 @@ fn latencies(dir: &Path, members: usize) -> Result<(Percentiles, Percentiles), S
     Ok((Percentiles::from_histogram(&all), Percentiles::from_histogram(&own)))
 }
 
-/// Every member delivered every message, the same bytes, and (ordered)
-/// in the same order.
+/// Every member delivered every message, read exactly the bytes each
+/// sender wrote (checked against the sender's closed-form checksum), and
+/// (ordered) delivered them in the same order.
 pub fn check_agreement(results: &[MemberResult], ordered: bool, total: u64) -> Result<(), String> {
     let first = &results[0];
     for r in results {
@@ -330,11 +339,14 @@ pub fn check_agreement(results: &[MemberResult], ordered: bool, total: u64) -> R
                 r.rank, r.delivered_msgs
             ));
         }
-        if r.checksum_by_sender != first.checksum_by_sender {
-            return Err(format!(
-                "member {} read different bytes than member {}",
-                r.rank, first.rank
-            ));
+        for (sender, read) in &r.checksum_by_sender {
+            let wrote = results.iter().find(|m| m.rank == *sender).map(|m| m.sent_checksum);
+            if wrote != Some(*read) {
+                return Err(format!(
+                    "integrity: member {} read different bytes from sender {sender} than it wrote",
+                    r.rank
+                ));
+            }
         }
         if ordered && r.sequence_digest != first.sequence_digest {
             return Err(format!(
@@ -348,7 +360,7 @@ pub fn check_agreement(results: &[MemberResult], ordered: bool, total: u64) -> R
 
 fn print_report(r: &BenchReport) {
     println!(
-        "spindle bench multicast: {} {}, {} members, senders={} ({}), {} B × {} per sender, window {}, batching {}, idle {}{}",
+        "spindle bench multicast: {} {}, {} members, senders={} ({}), {} B × {} per sender, window {}, batching {}, self-check {}, idle {}{}",
         r.transport,
         r.mode,
         r.members,
@@ -358,6 +370,7 @@ fn print_report(r: &BenchReport) {
         r.count,
         r.window,
         if r.batching { "on" } else { "off" },
+        if r.self_check { "on" } else { "off" },
         r.idle,
         if r.rate > 0 { format!(", offered {} msgs/s per sender", r.rate) } else { String::new() }
     );

@@ -64,6 +64,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         count: args.count,
         rate: 0,
         sample_every: (args.count / 50_000).max(1),
+        self_check: true,
         delivery_log: Some(log_dir.clone()),
         result_dir: work_dir.clone(),
         join_timeout_ms: defaults::JOIN_TIMEOUT_MS,

@@ -37,6 +37,10 @@ pub struct MemberSpec {
     pub rate: u64,
     /// Timestamp every n-th message of each sender.
     pub sample_every: u64,
+    /// Senders also read every byte of their own delivered messages (off:
+    /// a sender's own deliveries are checked by header only; those bytes
+    /// never left its core).
+    pub self_check: bool,
     pub delivery_log: Option<PathBuf>,
     pub result_dir: PathBuf,
     pub join_timeout_ms: u64,
@@ -132,8 +136,14 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(BURST_BYTES);
     let burst_msgs = (burst_bytes / spec.size.max(1)).clamp(1, 64) as u64;
+    let self_check = spec.self_check;
+    let mut sent_checksum = 0u64;
     let mut deliver = |d: &spindle_group::Delivery<'_>| {
-        let sum = payload::checksum(d.payload);
+        let sum = if d.sender_rank != rank || self_check {
+            payload::checksum(d.payload)
+        } else {
+            0
+        };
         tally.checksums[d.sender_index] = tally.checksums[d.sender_index].wrapping_add(sum);
         tally.delivered_msgs += 1;
         tally.delivered_bytes += d.payload.len() as u64;
@@ -146,7 +156,7 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
         }
         tally.digest.update(&(d.sender_rank as u64).to_le_bytes());
         tally.digest.update(&d.index.to_le_bytes());
-        tally.digest.update(&sum.to_le_bytes());
+        tally.digest.update(&(d.payload.len() as u64).to_le_bytes());
         if let Some(log) = tally.log.as_mut() {
             if let Err(e) = log.record(d) {
                 tally.log_error.get_or_insert(e.to_string());
@@ -162,7 +172,7 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
                 let now = if interval_ns > 0 { monotonic_ns() } else { 0 };
                 if interval_ns == 0 || now >= next_send_ns {
                     let burst = if interval_ns > 0 { 1 } else { burst_msgs };
-                    let n = send_burst(s, spec, sent, burst)?;
+                    let n = send_burst(s, spec, sent, burst, &mut sent_checksum)?;
                     sent += n;
                     app_work += n as u32;
                     if interval_ns > 0 {
@@ -212,7 +222,9 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
             .iter()
             .copied()
             .zip(tally.checksums.iter().copied())
+            .filter(|(s, _)| *s != rank || self_check)
             .collect(),
+        sent_checksum,
         sequence_digest: format!("{:016x}", tally.digest.digest()),
         counters,
     };
@@ -226,6 +238,7 @@ fn send_burst(
     spec: &MemberSpec,
     sent: u64,
     burst: u64,
+    sent_checksum: &mut u64,
 ) -> Result<u64, String> {
     let mut n = 0;
     while n < burst && sent + n < spec.count {
@@ -239,6 +252,7 @@ fn send_burst(
                 };
                 payload::fill(slot.payload_mut(), ts, counter);
                 slot.commit();
+                *sent_checksum = sent_checksum.wrapping_add(payload::expected_checksum(spec.size, ts, counter));
                 n += 1;
             }
             Err(SendError::WouldBlock) => break,

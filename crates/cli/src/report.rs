@@ -40,9 +40,13 @@ pub struct MemberResult {
     pub elapsed_ns: u64,
     pub delivered_gbps: f64,
     pub delivered_msgs_per_s: f64,
-    /// Sum of the payload words of each sender's messages, by sender rank:
-    /// equal at every member when every byte arrived intact.
+    /// Sum of the payload words of each sender's messages as read on
+    /// delivery, by sender rank (the member's own messages only with
+    /// `--self-check`).
     pub checksum_by_sender: BTreeMap<usize, u64>,
+    /// The checksum of everything this member sent, computed in closed
+    /// form as it wrote: every reader of its messages must match it.
+    pub sent_checksum: u64,
     /// xxh3 over the delivery sequence (sender, index, payload xxh3): equal
     /// at every member when they delivered the same messages in one order.
     pub sequence_digest: String,
@@ -103,6 +107,8 @@ pub struct BenchReport {
     pub count: u64,
     pub window: usize,
     pub batching: bool,
+    /// Whether senders also read (checksum) their own delivered messages.
+    pub self_check: bool,
     pub idle: String,
     /// Offered rate per sender (messages/s); 0 = as fast as possible.
     pub rate: u64,

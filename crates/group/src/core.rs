@@ -70,6 +70,10 @@ pub struct Positions {
 
 /// Messages one delivery pass may hand over before yielding the loop.
 const DELIVERY_BUDGET_PER_SENDER: u64 = 1 << 16;
+/// Payload bytes one delivery pass may hand over: a long stable prefix is
+/// delivered in L2-sized batches, each followed by a release that lets the
+/// senders reuse slots while the rest is delivered (no pipeline stall).
+const DELIVERY_BYTES_BUDGET: u64 = 256 << 10;
 
 pub struct GroupCore<F: Fabric> {
     fabric: Arc<F>,
@@ -225,7 +229,9 @@ impl<F: Fabric> GroupCore<F> {
                 return true;
             }
         }
-        self.mode == DeliveryMode::Ordered && self.stable() > self.delivered_num
+        self.mode == DeliveryMode::Ordered
+            && self.received_frontier > self.delivered_num
+            && self.stable() > self.delivered_num
     }
 
     // ---- 1. publish -------------------------------------------------------
@@ -455,6 +461,11 @@ impl<F: Fabric> GroupCore<F> {
     }
 
     fn deliver_stable<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
+        // Nothing received beyond what is delivered: no peer's frontier can
+        // make anything deliverable, so do not pull their cache lines.
+        if self.received_frontier <= self.delivered_num {
+            return Ok(0);
+        }
         let stable = self.stable();
         if stable <= self.delivered_num {
             return Ok(0);
@@ -471,7 +482,7 @@ impl<F: Fabric> GroupCore<F> {
         let mut delivered = 0u64;
         let mut bytes = 0u64;
         let fabric = Arc::clone(&self.fabric);
-        while q < end {
+        'pass: while q < end {
             let rank = self.sender_ranks[s];
             let row = fabric.row(rank);
             let mut p = self.deliver_slots[s];
@@ -508,6 +519,11 @@ impl<F: Fabric> GroupCore<F> {
                     delivered += 1;
                     bytes += len as u64;
                     p += 1;
+                    if bytes >= DELIVERY_BYTES_BUDGET {
+                        self.deliver_slots[s] = p;
+                        q += 1;
+                        break 'pass;
+                    }
                 } else {
                     let last = first + null_count as u64 - 1;
                     debug_assert!(
@@ -562,6 +578,12 @@ impl<F: Fabric> GroupCore<F> {
     // ---- 5. flow control --------------------------------------------------
 
     fn update_flow_limit(&mut self, si: usize) {
+        // Read the members' release counters only when the window is at
+        // least half used: they live on lines the members keep writing.
+        let ring = self.ring.as_ref().expect("sender ring");
+        if ring.reserved() + (self.layout.window_slots as u64 / 2) < self.flow_limit {
+            return;
+        }
         let off = self.layout.released_slots.offset(si);
         let mut released = u64::MAX;
         for rank in 0..self.member_count {

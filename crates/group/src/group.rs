@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use spindle_fabric::doorbell::Doorbell;
 use spindle_fabric::shm::{ShmFabric, ShmOptions};
 use spindle_fabric::Fabric;
-use spindle_sst::{monotonic_ns, Agent, AgentRunner, Idler, ThreadingMode};
+use spindle_sst::{monotonic_coarse_ns, Agent, AgentRunner, Idler, ThreadingMode};
 
 use crate::config::GroupConfig;
 use crate::core::{Delivery, GroupCore};
@@ -85,13 +85,13 @@ impl<F: Fabric> Group<F> {
     /// One progress pass; `deliver` sees every message delivered in it.
     #[inline]
     pub fn poll<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
-        self.core.step(monotonic_ns(), deliver)
+        self.core.step(monotonic_coarse_ns(), deliver)
     }
 
     /// One pass, then the idle strategy if it found nothing to do.
     #[inline]
     pub fn poll_or_idle<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
-        let work = self.core.step(monotonic_ns(), deliver)?;
+        let work = self.core.step(monotonic_coarse_ns(), deliver)?;
         self.idle(work);
         Ok(work)
     }

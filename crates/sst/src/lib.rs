@@ -34,5 +34,5 @@ pub mod table;
 pub use idle::{IdleStrategy, Idler};
 pub use layout::{BytesColumn, LayoutBuilder, RowLayout, U64Column, U64VectorColumn};
 pub use predicates::{PredicateKind, Predicates};
-pub use runtime::{monotonic_ns, Agent, AgentRunner, ThreadingMode};
+pub use runtime::{monotonic_coarse_ns, monotonic_ns, Agent, AgentRunner, ThreadingMode};
 pub use table::Sst;

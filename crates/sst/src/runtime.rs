@@ -25,6 +25,16 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Coarse monotonic nanoseconds (CLOCK_MONOTONIC_COARSE: a few ns to read,
+/// ticks of a few ms): for timeouts and intervals, never for latency.
+#[inline]
+pub fn monotonic_coarse_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// A driven unit of protocol work.
 pub trait Agent: Send {
     type Error: std::fmt::Display + Send + 'static;
@@ -120,7 +130,7 @@ fn run_agents<A: Agent>(mut agents: Vec<A>, idle: IdleStrategy, stop: &AtomicBoo
     let mut idlers: Vec<Idler> = agents.iter().map(|_| Idler::new(idle)).collect();
     // Partner: the Release store in AgentRunner::stop.
     while !stop.load(Ordering::Acquire) {
-        let now_ns = monotonic_ns();
+        let now_ns = monotonic_coarse_ns();
         let mut total = 0;
         for a in agents.iter_mut() {
             total += a.do_work(now_ns)?;
