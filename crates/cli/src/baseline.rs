@@ -45,6 +45,8 @@ pub struct BaselineArgs {
     count: u64,
     #[arg(long)]
     window: usize,
+    #[arg(long)]
+    pin: bool,
 }
 
 struct Ring {
@@ -100,7 +102,7 @@ pub struct BaselineResult {
 }
 
 /// Run the baseline with two processes; returns the consumer's figures.
-pub fn measure(size: usize, count: u64, window: usize) -> Result<BaselineResult, String> {
+pub fn measure(size: usize, count: u64, window: usize, pin: bool) -> Result<BaselineResult, String> {
     let path = PathBuf::from(format!("/dev/shm/spindlebase-{}", std::process::id()));
     let ring = Ring::open(&path, size, window, true)?;
     let exe = std::env::current_exe().map_err(|e| format!("find own executable: {e}"))?;
@@ -108,6 +110,7 @@ pub fn measure(size: usize, count: u64, window: usize) -> Result<BaselineResult,
         Command::new(&exe)
             .args(["baseline-member", "--role", role, "--size", &size.to_string()])
             .args(["--count", &count.to_string(), "--window", &window.to_string()])
+            .args(if pin { &["--pin"][..] } else { &[][..] })
             .arg("--path")
             .arg(&path)
             .spawn()
@@ -144,6 +147,9 @@ pub fn measure(size: usize, count: u64, window: usize) -> Result<BaselineResult,
 
 pub fn run_member(args: BaselineArgs) -> Result<(), String> {
     let ring = Ring::open(&args.path, args.size, args.window, false)?;
+    if args.pin {
+        crate::member::pin_to_cpu(if args.role == "producer" { 0 } else { 1 })?;
+    }
     ring.word(READY).fetch_add(1, Ordering::AcqRel);
     // Partner: the Release store of START in `measure`.
     while ring.word(START).load(Ordering::Acquire) == 0 {

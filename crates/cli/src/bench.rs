@@ -65,6 +65,10 @@ pub struct MulticastArgs {
     /// movement; receivers always read every byte).
     #[arg(long)]
     pub self_check: bool,
+    /// Pin member r to CPU r mod (number of CPUs) (and the baseline's
+    /// producer and consumer to CPUs 0 and 1).
+    #[arg(long)]
+    pub pin: bool,
     /// Skip the raw shm baseline.
     #[arg(long)]
     pub no_baseline: bool,
@@ -142,12 +146,13 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
             (args.count / 100_000).max(1)
         },
         self_check: args.self_check,
+        pin: args.pin,
         delivery_log: args.delivery_log.clone(),
         result_dir: result_dir.clone(),
         join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
     };
     let total = args.count * ranks.len() as u64;
-    let results = run_members(&spec, Duration::from_secs(args.timeout_s), &mut |_| {});
+    let results = run_members(&spec, Duration::from_secs(args.timeout_s), None);
     let results = results.inspect_err(|_| {
         let _ = std::fs::remove_dir_all(&result_dir);
     })?;
@@ -157,7 +162,7 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
     let (baseline_gbps, baseline_msgs_per_s) = if args.no_baseline {
         (0.0, 0.0)
     } else {
-        let b = crate::baseline::measure(args.size, total, args.window)?;
+        let b = crate::baseline::measure(args.size, total, args.window, args.pin)?;
         (b.gbps, b.msgs_per_s)
     };
     let slowest = results
@@ -175,6 +180,7 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
         window: args.window,
         batching: !args.no_batching,
         self_check: args.self_check,
+        pinned: args.pin,
         idle: args.idle.clone(),
         rate: args.rate,
         delivered_gbps_min: slowest.delivered_gbps,
@@ -218,7 +224,7 @@ pub fn tempdir(what: &str) -> Result<PathBuf, String> {
 pub fn run_members(
     spec: &MemberSpec,
     timeout: Duration,
-    progress: &mut dyn FnMut(u64),
+    mut progress: Option<&mut dyn FnMut(u64)>,
 ) -> Result<Vec<MemberResult>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("find own executable: {e}"))?;
     let json = serde_json::to_string(spec).map_err(|e| e.to_string())?;
@@ -265,8 +271,15 @@ pub fn run_members(
             failure = Some(format!("the run did not finish within {} s", timeout.as_secs()));
             break;
         }
-        progress(delivered_so_far(&spec.group, &layout));
-        std::thread::sleep(Duration::from_millis(20));
+        // Without a progress display the coordinator stays off the cores
+        // the members spin on.
+        match progress.as_mut() {
+            Some(report) => {
+                report(delivered_so_far(&spec.group, &layout));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None => std::thread::sleep(Duration::from_millis(100)),
+        }
     }
     if let Some(f) = failure {
         return Err(f);

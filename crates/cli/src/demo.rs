@@ -65,6 +65,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         rate: 0,
         sample_every: (args.count / 50_000).max(1),
         self_check: true,
+        pin: false,
         delivery_log: Some(log_dir.clone()),
         result_dir: work_dir.clone(),
         join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
@@ -80,10 +81,11 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
             .expect("template")
             .progress_chars("=> "),
     );
-    let result = run_members(&spec, Duration::from_secs(600), &mut |n| {
+    let mut show = |n: u64| {
         bar.set_position(n);
         bar.set_message(format!("{n} deliveries"));
-    });
+    };
+    let result = run_members(&spec, Duration::from_secs(600), Some(&mut show));
     bar.finish_and_clear();
     let results = result.inspect_err(|_| {
         let _ = std::fs::remove_dir_all(&work_dir);

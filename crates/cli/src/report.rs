@@ -47,8 +47,9 @@ pub struct MemberResult {
     /// The checksum of everything this member sent, computed in closed
     /// form as it wrote: every reader of its messages must match it.
     pub sent_checksum: u64,
-    /// xxh3 over the delivery sequence (sender, index, payload xxh3): equal
-    /// at every member when they delivered the same messages in one order.
+    /// A hash chain over the delivery sequence (sender, index, length):
+    /// equal at every member when they delivered the same messages in one
+    /// order (the delivery-log checkers are the rigorous check).
     pub sequence_digest: String,
     /// The member's counters at the end (see `spindle_group::counters`).
     pub counters: BTreeMap<String, u64>,
@@ -109,6 +110,8 @@ pub struct BenchReport {
     pub batching: bool,
     /// Whether senders also read (checksum) their own delivered messages.
     pub self_check: bool,
+    /// Whether member r ran pinned to CPU r mod CPUs.
+    pub pinned: bool,
     pub idle: String,
     /// Offered rate per sender (messages/s); 0 = as fast as possible.
     pub rate: u64,
