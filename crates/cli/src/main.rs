@@ -7,11 +7,15 @@
 
 mod baseline;
 mod bench;
+mod bench_replica;
 mod demo;
+mod kv;
 mod member;
 mod payload;
 mod plot;
 mod report;
+mod rt;
+mod run;
 mod stat;
 
 use std::process::ExitCode;
@@ -38,6 +42,14 @@ enum Command {
     Bench(BenchCommand),
     /// Show live counters of the groups running on this host.
     Stat(stat::StatArgs),
+    /// Run one member of a multi-host group from a configuration file.
+    Run(run::RunArgs),
+    /// A replicated key-value service speaking RESP (the Redis protocol).
+    #[command(subcommand)]
+    Kv(kv::KvCommand),
+    /// Time-driven real-time channels (MPI/RT).
+    #[command(subcommand)]
+    Rt(rt::RtCommand),
     /// (internal) one member process of a demo or bench run.
     #[command(hide = true)]
     Member(member::MemberArgs),
@@ -50,6 +62,8 @@ enum Command {
 enum BenchCommand {
     /// Atomic multicast: one process per member on shared memory.
     Multicast(bench::MulticastArgs),
+    /// One-sided vs RPC object replication (RAMCloud): write latency.
+    Replica(bench_replica::ReplicaArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,7 +71,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Bench(BenchCommand::Multicast(args)) => bench::run(args),
+        Command::Bench(BenchCommand::Replica(args)) => bench_replica::run(args),
         Command::Stat(args) => stat::run(args),
+        Command::Run(args) => run::run(args),
+        Command::Kv(command) => kv::run(command),
+        Command::Rt(command) => rt::run(command),
         Command::Member(args) => member::run(args),
         Command::BaselineMember(args) => baseline::run_member(args),
     };

@@ -1,0 +1,1 @@
+//! spindle-replica (being built).

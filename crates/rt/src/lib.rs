@@ -1,0 +1,1 @@
+//! spindle-rt (being built).
