@@ -16,6 +16,7 @@ mod plot;
 mod report;
 mod rt;
 mod run;
+mod sim;
 mod stat;
 
 use std::process::ExitCode;
@@ -50,6 +51,8 @@ enum Command {
     /// Time-driven real-time channels (MPI/RT).
     #[command(subcommand)]
     Rt(rt::RtCommand),
+    /// Deterministic simulation with fault injection and invariant checking.
+    Sim(sim::SimArgs),
     /// (internal) one member process of a demo or bench run.
     #[command(hide = true)]
     Member(member::MemberArgs),
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Kv(command) => kv::run(command),
         Command::Rt(command) => rt::run(command),
+        Command::Sim(args) => sim::run(args),
         Command::Member(args) => member::run(args),
         Command::BaselineMember(args) => baseline::run_member(args),
     };
