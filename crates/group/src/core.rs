@@ -477,66 +477,29 @@ impl<F: Fabric> GroupCore<F> {
         let senders = self.sender_ranks.len() as u64;
         let end = stable.min(self.delivered_num + DELIVERY_BUDGET_PER_SENDER * senders);
         let start = self.delivered_num;
-        let mut q = start;
-        let (mut index, mut s) = (q / senders, (q % senders) as usize);
-        let mut delivered = 0u64;
-        let mut bytes = 0u64;
+        let (mut index, mut s) = (start / senders, (start % senders) as usize);
+        let (mut delivered, mut bytes) = (0u64, 0u64);
         let fabric = Arc::clone(&self.fabric);
-        'pass: while q < end {
+        let mut q = start;
+        while q < end {
             let rank = self.sender_ranks[s];
             let row = fabric.row(rank);
-            let mut p = self.deliver_slots[s];
-            loop {
-                debug_assert!(
-                    p < self.recv_slots[s],
-                    "stability: seq {q} delivered before it was received"
-                );
-                let off = self.layout.slot_offset(p);
-                let null_count = row.u32_at(off + 8).load(Ordering::Relaxed);
-                if null_count == NULL_COUNT_SKIP {
-                    p += 1;
-                    continue;
-                }
-                let first = row.u64_at(off).load(Ordering::Relaxed);
-                if null_count == 0 {
-                    assert_eq!(
-                        first, index,
-                        "total order: sender {rank} slot {p} holds index {first}, seq {q} needs {index}"
-                    );
-                    let len = row.u32_at(off + 12).load(Ordering::Relaxed) as usize;
-                    // SAFETY: slot p was published by the guard we loaded with
-                    // Acquire when receiving it, and stays ours until we store
-                    // released_slots past it (after this callback returns).
-                    let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
-                    deliver(&Delivery {
-                        view: self.view,
-                        sender_rank: rank,
-                        sender_index: s,
-                        index,
-                        seq: q,
-                        payload,
-                    });
-                    delivered += 1;
-                    bytes += len as u64;
-                    p += 1;
-                    if bytes >= DELIVERY_BYTES_BUDGET {
-                        self.deliver_slots[s] = p;
-                        q += 1;
-                        break 'pass;
-                    }
-                } else {
-                    let last = first + null_count as u64 - 1;
-                    debug_assert!(
-                        index >= first && index <= last,
-                        "total order: null run {first}..={last} skips {index}"
-                    );
-                    if index == last {
-                        p += 1;
-                    }
-                }
-                break;
+            if let Some((off, len)) = self.advance_cursor(row, s, index, q) {
+                // SAFETY: the slot was published by the guard we loaded with
+                // Acquire when receiving it, and stays ours until we store
+                // released_slots past it (after this callback returns).
+                let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
+                deliver(&Delivery {
+                    view: self.view,
+                    sender_rank: rank,
+                    sender_index: s,
+                    index,
+                    seq: q,
+                    payload,
+                });
+                delivered += 1;
+                bytes += len as u64;
             }
-            self.deliver_slots[s] = p;
             q += 1;
             s += 1;
             if s as u64 == senders {
@@ -548,6 +511,9 @@ impl<F: Fabric> GroupCore<F> {
                 self.store_delivery_progress();
                 self.push_progress()?;
             }
+            if bytes >= DELIVERY_BYTES_BUDGET {
+                break;
+            }
         }
         self.delivered_num = q;
         self.store_delivery_progress();
@@ -556,6 +522,42 @@ impl<F: Fabric> GroupCore<F> {
         self.counters.add(counters::DELIVERED_BYTES, bytes);
         self.counters.values[counters::STABLE] = stable;
         Ok((q - start) as u32)
+    }
+
+    /// Move sender `s`'s delivery cursor to message `index` (global `seq`)
+    /// and past it. Returns the data slot's offset and length, or `None`
+    /// when `index` is a null (skip slots carry no index and are passed).
+    #[inline]
+    fn advance_cursor(&mut self, row: RowRef<'_>, s: usize, index: u64, seq: u64) -> Option<(usize, usize)> {
+        let mut p = self.deliver_slots[s];
+        loop {
+            debug_assert!(
+                p < self.recv_slots[s],
+                "stability: seq {seq} delivered before it was received"
+            );
+            let off = self.layout.slot_offset(p);
+            let null_count = row.u32_at(off + 8).load(Ordering::Relaxed);
+            if null_count == NULL_COUNT_SKIP {
+                p += 1;
+                continue;
+            }
+            let first = row.u64_at(off).load(Ordering::Relaxed);
+            if null_count == 0 {
+                assert_eq!(
+                    first, index,
+                    "total order: sender index {s} slot {p} holds index {first}, seq {seq} needs {index}"
+                );
+                self.deliver_slots[s] = p + 1;
+                return Some((off, row.u32_at(off + 12).load(Ordering::Relaxed) as usize));
+            }
+            let last = first + null_count as u64 - 1;
+            debug_assert!(
+                index >= first && index <= last,
+                "total order: null run {first}..={last} skips {index}"
+            );
+            self.deliver_slots[s] = if index == last { p + 1 } else { p };
+            return None;
+        }
     }
 
     fn store_delivery_progress(&self) {
