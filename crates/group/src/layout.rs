@@ -53,6 +53,28 @@ pub fn slot_stride(slot_payload_max: usize) -> usize {
     (SLOT_HEADER_BYTES + slot_payload_max).next_multiple_of(16)
 }
 
+/// The first cache line of every SMC row, as a `#[repr(C)]` struct: the
+/// progress counters every member polls. [`SmcLayout::new`] checks that
+/// the column offsets it builds land exactly on these fields.
+///
+/// ```text
+///  +0  received_frontier u64 | +8 delivered_num u64 | +16 heartbeat u64 | +24 finished u64 | +32 reserved [u64; 4]
+/// ```
+#[repr(C, align(64))]
+pub struct ProgressLine {
+    pub received_frontier: u64,
+    pub delivered_num: u64,
+    pub heartbeat: u64,
+    pub finished: u64,
+    pub reserved: [u64; 4],
+}
+
+const _: () = assert!(std::mem::size_of::<ProgressLine>() == 64);
+const _: () = assert!(std::mem::offset_of!(ProgressLine, received_frontier) == 0);
+const _: () = assert!(std::mem::offset_of!(ProgressLine, delivered_num) == 8);
+const _: () = assert!(std::mem::offset_of!(ProgressLine, heartbeat) == 16);
+const _: () = assert!(std::mem::offset_of!(ProgressLine, finished) == 24);
+
 /// Column handles of the SMC row.
 #[derive(Clone, Debug)]
 pub struct SmcLayout {
@@ -97,6 +119,24 @@ impl SmcLayout {
         let counters = b.u64_vector("counters", COUNTER_NAMES.len());
         let ring = b.bytes("ring", stride * config.window_slots);
         let row = b.build();
+        // The fixed part of the row is exactly the #[repr(C)] ProgressLine.
+        assert_eq!(
+            received_frontier.offset(),
+            std::mem::offset_of!(ProgressLine, received_frontier)
+        );
+        assert_eq!(
+            delivered_num.offset(),
+            std::mem::offset_of!(ProgressLine, delivered_num)
+        );
+        assert_eq!(heartbeat.offset(), std::mem::offset_of!(ProgressLine, heartbeat));
+        assert_eq!(finished.offset(), std::mem::offset_of!(ProgressLine, finished));
+        assert_eq!(
+            received_num.offset(0),
+            std::mem::size_of::<ProgressLine>(),
+            "per-sender vectors start on line 1"
+        );
+        assert_eq!(guard.offset() % 64, 0, "the guard has its own cache line");
+        assert_eq!(ring.offset() % 64, 0, "the ring is cache-line aligned");
         SmcLayout {
             row,
             received_frontier,

@@ -231,3 +231,74 @@ fn bad_configuration_names_the_bad_value() {
     config.senders = SenderSet::Ranks(vec![5]);
     assert!(config.validate().unwrap_err().to_string().contains("rank 5"));
 }
+
+#[test]
+fn several_application_threads_send_at_once_without_loss_or_duplication() {
+    // Member 0 runs its protocol on a dedicated progress thread while four
+    // application threads share clones of one Sender (lock-free
+    // reservation); member 1 polls in invoker mode.
+    const THREADS: u64 = 4;
+    const PER_THREAD: u64 = 2_000;
+    let mut config = GroupConfig::new(&unique_name("mt"), 2);
+    config.senders = SenderSet::One;
+    config.window_slots = 64;
+    config.slot_payload_max = 16;
+    let peer = {
+        let config = config.clone();
+        std::thread::spawn(move || {
+            let mut group = Group::join_shm(config, 1).unwrap();
+            let mut seen = std::collections::HashSet::new();
+            while seen.len() < (THREADS * PER_THREAD) as usize {
+                group
+                    .poll_or_idle(&mut |d| {
+                        let key = u64::from_le_bytes(d.payload[..8].try_into().unwrap());
+                        assert!(seen.insert(key), "no duplication: {key:#x} delivered twice");
+                    })
+                    .unwrap();
+            }
+            group.finish(&mut |_| {}, Duration::from_secs(30)).unwrap();
+            seen.len()
+        })
+    };
+    let group = Group::join_shm(config, 0).unwrap();
+    let sender = group.sender().unwrap();
+    let delivered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = delivered.clone();
+    let running = group.spawn(move |_| {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Release);
+    });
+    let apps: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let sender = sender.clone();
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while i < PER_THREAD {
+                    let key = t << 32 | i;
+                    match sender.reserve(16) {
+                        Ok(mut slot) => {
+                            slot.payload_mut()[..8].copy_from_slice(&key.to_le_bytes());
+                            slot.payload_mut()[8..].copy_from_slice(&t.to_le_bytes());
+                            slot.commit();
+                            i += 1;
+                        }
+                        Err(SendError::WouldBlock) => std::thread::yield_now(),
+                        Err(e) => panic!("send: {e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for a in apps {
+        a.join().unwrap();
+    }
+    while delivered.load(std::sync::atomic::Ordering::Acquire) < THREADS * PER_THREAD {
+        std::thread::yield_now();
+    }
+    let mut group = running.stop().unwrap();
+    group.finish(&mut |_| {}, Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        peer.join().unwrap(),
+        (THREADS * PER_THREAD) as usize,
+        "every message reached the peer once"
+    );
+}
