@@ -34,6 +34,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Start a local group on shared memory and show it working.
@@ -61,6 +63,8 @@ enum Command {
     BaselineMember(baseline::BaselineArgs),
 }
 
+// Parsed once at start-up: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Atomic multicast: one process per member on shared memory.
