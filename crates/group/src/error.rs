@@ -9,7 +9,7 @@ pub enum GroupError {
     Fabric(#[from] FabricError),
     #[error("invalid group configuration: {0}")]
     Config(String),
-    #[error("member {rank} is gone: it exited or crashed while the group was running")]
+    #[error("member {rank} is gone: it exited or crashed, or its connection broke, while the group was running")]
     MemberGone { rank: usize },
     #[error("the group was stopped")]
     Stopped,
