@@ -35,18 +35,24 @@ const RING: usize = 192;
 
 #[derive(Args, Debug)]
 pub struct BaselineArgs {
+    /// shm ring file (shm roles).
     #[arg(long)]
-    path: PathBuf,
+    path: Option<PathBuf>,
+    /// producer | consumer (shm ring); tcp-producer | tcp-consumer (raw TCP
+    /// stream); tcp-ping | tcp-pong (raw TCP ping-pong).
     #[arg(long)]
     role: String,
-    #[arg(long)]
+    #[arg(long, default_value_t = 32)]
     size: usize,
-    #[arg(long)]
+    #[arg(long, default_value_t = 0)]
     count: u64,
-    #[arg(long)]
+    #[arg(long, default_value_t = 1024)]
     window: usize,
     #[arg(long)]
     pin: bool,
+    /// tcp roles: where the consumer / pong side listens.
+    #[arg(long)]
+    addr: Option<String>,
 }
 
 struct Ring {
@@ -146,7 +152,11 @@ pub fn measure(size: usize, count: u64, window: usize, pin: bool) -> Result<Base
 }
 
 pub fn run_member(args: BaselineArgs) -> Result<(), String> {
-    let ring = Ring::open(&args.path, args.size, args.window, false)?;
+    if args.role.starts_with("tcp-") {
+        return tcp::run_role(&args.role, args.addr.as_deref(), args.size, args.count, args.pin);
+    }
+    let path = args.path.as_ref().ok_or("--path is needed for the shm baseline")?;
+    let ring = Ring::open(path, args.size, args.window, false)?;
     if args.pin {
         crate::member::pin_to_cpu(if args.role == "producer" { 0 } else { 1 })?;
     }
@@ -195,5 +205,266 @@ pub fn run_member(args: BaselineArgs) -> Result<(), String> {
             Ok(())
         }
         other => Err(format!("unknown baseline role '{other}'")),
+    }
+}
+
+/// The raw TCP baselines of `spindle bench multicast --transport tcp`,
+/// measured in the same run as the group:
+///
+/// - **stream**: one producer process writes `count` payloads of `size`
+///   bytes (filled like the bench's, every byte written, in writes of up
+///   to 64 KiB) to one consumer process, which reads every byte and
+///   checksums each payload: what moving the bytes over TCP costs with no
+///   protocol.
+/// - **ping-pong**: 32-byte messages bounced between two processes with
+///   blocking reads, TCP_NODELAY: the round trip a protocol can at best
+///   match.
+///
+/// The measuring side prints one JSON line on stdout for the coordinator.
+pub mod tcp {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use hdrhistogram::Histogram;
+    use serde::{Deserialize, Serialize};
+    use spindle_sst::monotonic_ns;
+
+    use crate::payload;
+    use crate::report::Percentiles;
+
+    /// Bytes the producer hands to one `write`.
+    const WRITE_BYTES_MAX: usize = 64 << 10;
+    /// Bytes the consumer asks one `read` for.
+    const READ_BYTES: usize = 256 << 10;
+    const PING_BYTES: usize = 32;
+    const PING_WARMUP: u64 = 2_000;
+    /// How long a side waits for the other to listen.
+    const CONNECT_WAIT: Duration = Duration::from_secs(10);
+
+    #[derive(Debug, Serialize, Deserialize)]
+    struct StreamLine {
+        elapsed_ns: u64,
+        bytes: u64,
+        checksum: u64,
+    }
+
+    /// What the stream and ping-pong baselines measured.
+    #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+    pub struct TcpBaseline {
+        pub gbps: f64,
+        pub msgs_per_s: f64,
+        pub pingpong_rtt_ns: Percentiles,
+    }
+
+    /// A free loopback port (bound, then released for the child to bind).
+    pub fn free_loopback_addr() -> Result<String, String> {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("find a free port: {e}"))?;
+        Ok(l.local_addr().map_err(|e| e.to_string())?.to_string())
+    }
+
+    /// Run both baselines on loopback with child processes.
+    pub fn measure(size: usize, count: u64, pingpong_rounds: u64, pin: bool) -> Result<TcpBaseline, String> {
+        let line = pair("tcp-consumer", "tcp-producer", size, count, pin)?;
+        let stream: StreamLine =
+            serde_json::from_str(&line).map_err(|e| format!("stream baseline said {line:?}: {e}"))?;
+        if stream.bytes != size as u64 * count {
+            return Err(format!(
+                "stream baseline moved {} bytes, expected {}",
+                stream.bytes,
+                size as u64 * count
+            ));
+        }
+        let expected = (0..count).fold(0u64, |a, i| a.wrapping_add(payload::expected_checksum(size, 0, i)));
+        if stream.checksum != expected {
+            return Err("stream baseline: the consumer read different bytes than the producer wrote".into());
+        }
+        let line = pair("tcp-pong", "tcp-ping", PING_BYTES, pingpong_rounds, pin)?;
+        let rtt: Percentiles = serde_json::from_str(&line).map_err(|e| format!("ping-pong said {line:?}: {e}"))?;
+        let elapsed_ns = stream.elapsed_ns.max(1);
+        Ok(TcpBaseline {
+            gbps: stream.bytes as f64 / elapsed_ns as f64,
+            msgs_per_s: count as f64 * 1e9 / elapsed_ns as f64,
+            pingpong_rtt_ns: rtt,
+        })
+    }
+
+    /// Start the listening role, then the dialing role; return the line
+    /// the measuring role printed (the consumer, or the ping side).
+    fn pair(listener_role: &str, dialer_role: &str, size: usize, count: u64, pin: bool) -> Result<String, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("find own executable: {e}"))?;
+        let addr = free_loopback_addr()?;
+        let spawn = |role: &str, out: Stdio| {
+            Command::new(&exe)
+                .args(["baseline-member", "--role", role, "--size", &size.to_string()])
+                .args(["--count", &count.to_string(), "--addr", &addr])
+                .args(if pin { &["--pin"][..] } else { &[][..] })
+                .stdin(Stdio::null())
+                .stdout(out)
+                .spawn()
+                .map_err(|e| format!("spawn baseline {role}: {e}"))
+        };
+        let listener = spawn(listener_role, Stdio::piped())?;
+        let dialer = match spawn(dialer_role, Stdio::piped()) {
+            Ok(d) => d,
+            Err(e) => {
+                let mut listener = listener;
+                let _ = listener.kill();
+                let _ = listener.wait();
+                return Err(e);
+            }
+        };
+        let l = listener.wait_with_output().map_err(|e| e.to_string());
+        let d = dialer.wait_with_output().map_err(|e| e.to_string());
+        let (l, d) = (l?, d?);
+        if !l.status.success() || !d.status.success() {
+            return Err(format!(
+                "raw TCP baseline failed ({listener_role}: {}, {dialer_role}: {})",
+                l.status, d.status
+            ));
+        }
+        let out = if listener_role == "tcp-consumer" {
+            l.stdout
+        } else {
+            d.stdout
+        };
+        Ok(String::from_utf8_lossy(&out).trim().to_string())
+    }
+
+    /// One side of a baseline (`spindle baseline-member --role tcp-…`).
+    pub fn run_role(role: &str, addr: Option<&str>, size: usize, count: u64, pin: bool) -> Result<(), String> {
+        let addr = addr.ok_or("--addr is needed for the tcp baselines")?;
+        if pin {
+            let cpu = if matches!(role, "tcp-producer" | "tcp-ping") {
+                0
+            } else {
+                1
+            };
+            crate::member::pin_to_cpu(cpu)?;
+        }
+        match role {
+            "tcp-consumer" => consumer(&accept(addr)?, size, count),
+            "tcp-producer" => producer(dial(addr)?, size, count),
+            "tcp-pong" => pong(accept(addr)?, count),
+            "tcp-ping" => ping(dial(addr)?, count),
+            other => Err(format!("unknown baseline role '{other}'")),
+        }
+    }
+
+    fn accept(addr: &str) -> Result<TcpStream, String> {
+        let l = TcpListener::bind(addr).map_err(|e| format!("baseline: listen on {addr}: {e}"))?;
+        l.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        loop {
+            match l.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+                    s.set_nodelay(true).map_err(|e| e.to_string())?;
+                    return Ok(s);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && started.elapsed() < CONNECT_WAIT => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                Err(e) => return Err(format!("baseline: accept on {addr}: {e}")),
+            }
+        }
+    }
+
+    fn dial(addr: &str) -> Result<TcpStream, String> {
+        let started = Instant::now();
+        loop {
+            match TcpStream::connect(addr) {
+                Ok(s) => {
+                    s.set_nodelay(true).map_err(|e| e.to_string())?;
+                    return Ok(s);
+                }
+                Err(e) if started.elapsed() < CONNECT_WAIT => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(format!("baseline: connect to {addr}: {e}")),
+            }
+        }
+    }
+
+    fn producer(mut s: TcpStream, size: usize, count: u64) -> Result<(), String> {
+        let per_write = (WRITE_BYTES_MAX / size).max(1);
+        let mut buf = vec![0u8; per_write * size];
+        let mut i = 0u64;
+        while i < count {
+            let n = (count - i).min(per_write as u64) as usize;
+            for k in 0..n {
+                payload::fill(&mut buf[k * size..(k + 1) * size], 0, i + k as u64);
+            }
+            s.write_all(&buf[..n * size])
+                .map_err(|e| format!("baseline producer: {e}"))?;
+            i += n as u64;
+        }
+        // Wait for the consumer's close so no byte is lost to a reset.
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let _ = s.read(&mut [0u8; 1]);
+        Ok(())
+    }
+
+    fn consumer(s: &TcpStream, size: usize, count: u64) -> Result<(), String> {
+        let mut s = s;
+        let mut buf = vec![0u8; READ_BYTES.max(2 * size)];
+        let (mut filled, mut done, mut checksum, mut bytes) = (0usize, 0u64, 0u64, 0u64);
+        let mut t0 = None;
+        while done < count {
+            let n = s
+                .read(&mut buf[filled..])
+                .map_err(|e| format!("baseline consumer: {e}"))?;
+            if n == 0 {
+                return Err(format!(
+                    "baseline consumer: the producer closed after {done} of {count} messages"
+                ));
+            }
+            t0.get_or_insert_with(monotonic_ns);
+            filled += n;
+            let mut at = 0;
+            while filled - at >= size && done < count {
+                checksum = checksum.wrapping_add(payload::checksum(&buf[at..at + size]));
+                at += size;
+                done += 1;
+                bytes += size as u64;
+            }
+            buf.copy_within(at..filled, 0);
+            filled -= at;
+        }
+        let elapsed_ns = monotonic_ns() - t0.unwrap_or_else(monotonic_ns);
+        let line = StreamLine {
+            elapsed_ns,
+            bytes,
+            checksum,
+        };
+        println!("{}", serde_json::to_string(&line).map_err(|e| e.to_string())?);
+        Ok(())
+    }
+
+    fn pong(mut s: TcpStream, count: u64) -> Result<(), String> {
+        let mut msg = [0u8; PING_BYTES];
+        for _ in 0..count + PING_WARMUP {
+            s.read_exact(&mut msg).map_err(|e| format!("baseline pong: {e}"))?;
+            s.write_all(&msg).map_err(|e| format!("baseline pong: {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn ping(mut s: TcpStream, count: u64) -> Result<(), String> {
+        let mut msg = [7u8; PING_BYTES];
+        let mut h = Histogram::<u64>::new(3).expect("histogram");
+        for i in 0..count + PING_WARMUP {
+            let t = monotonic_ns();
+            s.write_all(&msg).map_err(|e| format!("baseline ping: {e}"))?;
+            s.read_exact(&mut msg).map_err(|e| format!("baseline ping: {e}"))?;
+            if i >= PING_WARMUP {
+                h.record((monotonic_ns() - t).max(1)).map_err(|e| e.to_string())?;
+            }
+        }
+        let p = Percentiles::from_histogram(&h);
+        println!("{}", serde_json::to_string(&p).map_err(|e| e.to_string())?);
+        Ok(())
     }
 }

@@ -43,8 +43,9 @@ pub struct MulticastArgs {
     /// Turn the Spindle batching techniques off (to see what they buy).
     #[arg(long)]
     pub no_batching: bool,
-    /// Idle strategy: spin or backoff.
-    #[arg(long, default_value = "backoff")]
+    /// Idle strategy: spin, backoff, park (short spin, then park on the
+    /// doorbell), or auto (backoff on shm, park on tcp).
+    #[arg(long, default_value = "auto")]
     pub idle: String,
     /// Offered rate per sender in messages/s (0: as fast as possible). Use a
     /// low rate to measure latency without queueing.
@@ -69,15 +70,32 @@ pub struct MulticastArgs {
     /// producer and consumer to CPUs 0 and 1).
     #[arg(long)]
     pub pin: bool,
-    /// Skip the raw shm baseline.
+    /// Skip the raw baseline (shm ring, or TCP stream and ping-pong).
     #[arg(long)]
     pub no_baseline: bool,
+    /// Transport: shm (one host, shared memory) or tcp (loopback here; the
+    /// members are separate processes connected by TCP, with a fresh group
+    /// key per run).
+    #[arg(long, default_value = "shm")]
+    pub transport: String,
+    /// tcp: round trips of the raw TCP ping-pong baseline (32 B).
+    #[arg(long, default_value_t = 20_000)]
+    pub pingpong_rounds: u64,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_s: u64,
 }
 
 impl MulticastArgs {
+    /// The idle strategy's name, `auto` resolved: `park` on tcp, `backoff` on shm.
+    fn idle_name(&self) -> String {
+        match (self.idle.as_str(), self.transport.as_str()) {
+            ("auto", "tcp") => "park".into(),
+            ("auto", _) => "backoff".into(),
+            (other, _) => other.into(),
+        }
+    }
+
     fn validate(&self) -> Result<(SenderSet, Vec<usize>, usize), String> {
         if self.members == 0 || self.members > 64 {
             return Err(format!("--members {} must be in 1..=64", self.members));
@@ -85,7 +103,7 @@ impl MulticastArgs {
         let set = SenderSet::parse(&self.senders).map_err(|e| format!("--senders: {e}"))?;
         let ranks = set.ranks(self.members);
         spindle_group::DeliveryMode::parse(&self.mode).map_err(|e| format!("--mode: {e}"))?;
-        spindle_sst::IdleStrategy::parse(&self.idle).map_err(|e| format!("--idle: {e}"))?;
+        crate::member::parse_idle(&self.idle_name()).map_err(|e| format!("--idle: {e}"))?;
         if self.size < PAYLOAD_BYTES_MIN {
             return Err(format!(
                 "--size {} must be at least {PAYLOAD_BYTES_MIN} (the bench carries a timestamp and a counter)",
@@ -102,6 +120,9 @@ impl MulticastArgs {
         if self.count == 0 {
             return Err("--count must be at least 1".into());
         }
+        if self.transport != "shm" && self.transport != "tcp" {
+            return Err(format!("--transport {}: expected shm or tcp", self.transport));
+        }
         if !self.window.is_power_of_two() || self.window < 2 {
             return Err(format!("--window {} must be a power of two ≥ 2", self.window));
         }
@@ -110,10 +131,26 @@ impl MulticastArgs {
 }
 
 pub fn run(args: MulticastArgs) -> Result<(), String> {
-    let report = measure(&args)?;
+    let (report, tcp_baseline) = measure_with_tcp(&args)?;
     print_report(&report);
+    if let Some(b) = &tcp_baseline {
+        print_tcp_baseline(&report, b);
+    }
     if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        let mut value = serde_json::to_value(&report).map_err(|e| e.to_string())?;
+        if let (Some(b), Some(map)) = (&tcp_baseline, value.as_object_mut()) {
+            // Extra keys on tcp; the shared keys keep their meaning.
+            map.insert(
+                "baseline_kind".into(),
+                "raw TCP stream (1 producer → 1 consumer process)".into(),
+            );
+            map.insert(
+                "baseline_pingpong_rtt_ns".into(),
+                serde_json::to_value(b.pingpong_rtt_ns).map_err(|e| e.to_string())?,
+            );
+            map.insert("ratio_rtt_own_p50_to_pingpong_p50".into(), rtt_ratio(&report, b).into());
+        }
+        let json = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
         std::fs::write(path, json + "\n").map_err(|e| format!("write {}: {e}", path.display()))?;
         println!("results written to {}", path.display());
     }
@@ -124,10 +161,48 @@ pub fn run(args: MulticastArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Run the members and the baseline; gather the report.
-pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
+/// Round trip through ordered delivery (commit → the sender's own
+/// delivery, which waits for every member's receipt) over the raw TCP
+/// ping-pong, both at p50.
+fn rtt_ratio(report: &BenchReport, b: &crate::baseline::tcp::TcpBaseline) -> f64 {
+    if b.pingpong_rtt_ns.p50 == 0 {
+        0.0
+    } else {
+        report.latency_own_ns.p50 as f64 / b.pingpong_rtt_ns.p50 as f64
+    }
+}
+
+fn print_tcp_baseline(r: &BenchReport, b: &crate::baseline::tcp::TcpBaseline) {
+    let p = b.pingpong_rtt_ns;
+    println!(
+        "raw TCP ping-pong (32 B, blocking reads): round trip p50 {} ns, p99 {} ns ({} samples); own-delivery latency p50 / ping-pong p50 = {:.2}",
+        p.p50,
+        p.p99,
+        p.samples,
+        rtt_ratio(r, b)
+    );
+}
+
+/// Run the members and the baseline (the raw shm ring, or on tcp the raw
+/// TCP stream and ping-pong); gather the report.
+pub fn measure_with_tcp(
+    args: &MulticastArgs,
+) -> Result<(BenchReport, Option<crate::baseline::tcp::TcpBaseline>), String> {
     let (set, ranks, slot) = args.validate()?;
     let result_dir = tempdir("bench")?;
+    let tcp = args.transport == "tcp";
+    let (addresses, key_hex) = if tcp {
+        let addresses = (0..args.members)
+            .map(|_| crate::baseline::tcp::free_loopback_addr())
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut key = [0u8; 32];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
+            .map_err(|e| format!("make a group key: {e}"))?;
+        (addresses, crate::config::hex_encode(&key))
+    } else {
+        (Vec::new(), String::new())
+    };
     let spec = MemberSpec {
         group: format!("bench-{}", std::process::id()),
         members: args.members,
@@ -136,7 +211,7 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
         window: args.window,
         slot_payload_max: slot,
         batching: !args.no_batching,
-        idle: args.idle.clone(),
+        idle: args.idle_name(),
         size: args.size,
         count: args.count,
         rate: args.rate,
@@ -150,6 +225,11 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
         delivery_log: args.delivery_log.clone(),
         result_dir: result_dir.clone(),
         join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
+        transport: args.transport.clone(),
+        addresses,
+        listen: None,
+        key_hex,
+        peer_timeout_ms: 0,
     };
     let total = args.count * ranks.len() as u64;
     let results = run_members(&spec, Duration::from_secs(args.timeout_s), None);
@@ -159,8 +239,13 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
     let (latency_ns, latency_own_ns) = latencies(&result_dir, args.members)?;
     let _ = std::fs::remove_dir_all(&result_dir);
     check_agreement(&results, args.mode == "ordered", total)?;
+    let mut tcp_baseline = None;
     let (baseline_gbps, baseline_msgs_per_s) = if args.no_baseline {
         (0.0, 0.0)
+    } else if tcp {
+        let b = crate::baseline::tcp::measure(args.size, total, args.pingpong_rounds, args.pin)?;
+        tcp_baseline = Some(b);
+        (b.gbps, b.msgs_per_s)
     } else {
         let b = crate::baseline::measure(args.size, total, args.window, args.pin)?;
         (b.gbps, b.msgs_per_s)
@@ -169,8 +254,8 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
         .iter()
         .min_by(|a, b| a.delivered_gbps.total_cmp(&b.delivered_gbps))
         .expect("at least one member");
-    Ok(BenchReport {
-        transport: "shm".into(),
+    let report = BenchReport {
+        transport: args.transport.clone(),
         mode: args.mode.clone(),
         members: args.members,
         senders: set.as_str(),
@@ -181,7 +266,7 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
         batching: !args.no_batching,
         self_check: args.self_check,
         pinned: args.pin,
-        idle: args.idle.clone(),
+        idle: args.idle_name(),
         rate: args.rate,
         delivered_gbps_min: slowest.delivered_gbps,
         delivered_msgs_per_s_min: results
@@ -204,7 +289,8 @@ pub fn measure(args: &MulticastArgs) -> Result<BenchReport, String> {
             .map(|d| d.as_secs())
             .unwrap_or(0),
         command: std::env::args().collect::<Vec<_>>().join(" "),
-    })
+    };
+    Ok((report, tcp_baseline))
 }
 
 /// A fresh private directory for one run's result files.
@@ -411,7 +497,12 @@ fn print_report(r: &BenchReport) {
         "slowest member: {:.3} GB/s, {:.0} msgs/s",
         r.delivered_gbps_min, r.delivered_msgs_per_s_min
     );
-    if r.baseline_gbps > 0.0 {
+    if r.baseline_gbps > 0.0 && r.transport == "tcp" {
+        println!(
+            "raw TCP stream baseline (1 producer → 1 consumer process, same payloads, every byte written and read): {:.3} GB/s, {:.0} msgs/s; ratio to baseline {:.2}",
+            r.baseline_gbps, r.baseline_msgs_per_s, r.ratio_to_baseline
+        );
+    } else if r.baseline_gbps > 0.0 {
         println!(
             "raw shm ring baseline (1 producer → 1 consumer, same payloads): {:.3} GB/s, {:.0} msgs/s; ratio to baseline {:.2}",
             r.baseline_gbps, r.baseline_msgs_per_s, r.ratio_to_baseline

@@ -69,6 +69,11 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         delivery_log: Some(log_dir.clone()),
         result_dir: work_dir.clone(),
         join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
+        transport: "shm".into(),
+        addresses: Vec::new(),
+        listen: None,
+        key_hex: String::new(),
+        peer_timeout_ms: 0,
     };
     let total = args.count * args.members as u64;
     println!(

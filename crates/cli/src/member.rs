@@ -6,12 +6,16 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
+use spindle_fabric::tcp::{TcpFabric, TcpOptions};
+use spindle_fabric::Fabric;
 use spindle_group::counters::COUNTER_NAMES;
 use spindle_group::delivery_log::DeliveryLog;
+use spindle_group::layout::SmcLayout;
 use spindle_group::{DeliveryMode, Group, GroupConfig, SendError, SenderSet};
 use spindle_sst::{monotonic_ns, IdleStrategy};
 
@@ -47,6 +51,22 @@ pub struct MemberSpec {
     pub delivery_log: Option<PathBuf>,
     pub result_dir: PathBuf,
     pub join_timeout_ms: u64,
+    /// "shm" (default) or "tcp".
+    #[serde(default)]
+    pub transport: String,
+    /// tcp: `host:port` of every member, by rank.
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    /// tcp: listen here instead of `addresses[rank]`.
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// tcp: the group key, hex (the coordinator makes a fresh one per run;
+    /// `spindle run` reads it from the key file).
+    #[serde(default)]
+    pub key_hex: String,
+    /// tcp: a peer silent for this long is gone (0: the fabric's default).
+    #[serde(default)]
+    pub peer_timeout_ms: u64,
 }
 
 impl MemberSpec {
@@ -57,10 +77,48 @@ impl MemberSpec {
         config.window_slots = self.window;
         config.slot_payload_max = self.slot_payload_max;
         config.batching = self.batching;
-        config.idle = IdleStrategy::parse(&self.idle)?;
+        config.idle = parse_idle(&self.idle)?;
         config.join_timeout = Duration::from_millis(self.join_timeout_ms);
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
+    }
+
+    /// Open the fabric named by `transport` and join the group as `rank`.
+    fn tcp_options(&self, config: &GroupConfig) -> Result<TcpOptions, String> {
+        let layout = SmcLayout::new(config);
+        let addresses = self
+            .addresses
+            .iter()
+            .enumerate()
+            .map(|(r, a)| crate::config::resolve(a).map_err(|e| format!("address of member {r}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        if addresses.len() != self.members {
+            return Err(format!(
+                "{} addresses given for {} members",
+                addresses.len(),
+                self.members
+            ));
+        }
+        let key = crate::config::hex_decode(&self.key_hex).map_err(|e| format!("group key: {e}"))?;
+        let mut options = TcpOptions::new(
+            &self.group,
+            layout.row.row_len_bytes(),
+            layout.row.tag(),
+            addresses,
+            key,
+        );
+        options.listen = match &self.listen {
+            Some(l) => Some(crate::config::resolve(l).map_err(|e| format!("listen address: {e}"))?),
+            None => None,
+        };
+        options.join_timeout = Duration::from_millis(self.join_timeout_ms);
+        // Coalesce pushes; `drive` flushes once per progress pass.
+        options.coalesce = true;
+        options.flush_on_ring = false;
+        if self.peer_timeout_ms > 0 {
+            options.peer_timeout = Duration::from_millis(self.peer_timeout_ms);
+        }
+        Ok(options)
     }
 
     pub fn result_path(dir: &Path, rank: usize) -> PathBuf {
@@ -69,6 +127,22 @@ impl MemberSpec {
 
     pub fn latency_path(dir: &Path, rank: usize) -> PathBuf {
         dir.join(format!("latency-{rank}.bin"))
+    }
+}
+
+/// The idle strategies of the bench and `spindle run`: sst's `spin` and
+/// `backoff`, plus `park`: a short spin, no yields, then park on the
+/// doorbell. On tcp a blocked thread is woken by the receive thread's
+/// ring (or the kernel) at once, while a yielding one waits for a time
+/// slice on a busy machine: `park` is what tcp members use by default.
+pub fn parse_idle(s: &str) -> Result<IdleStrategy, String> {
+    match s {
+        "park" => Ok(IdleStrategy::Backoff {
+            spins: 50,
+            yields: 0,
+            park: Duration::from_millis(1),
+        }),
+        other => IdleStrategy::parse(other).map_err(|e| format!("{e} (or 'park')")),
     }
 }
 
@@ -106,13 +180,12 @@ struct Tally {
     log_error: Option<String>,
 }
 
-fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
+pub fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
     let config = spec.group_config()?;
     if spec.pin {
         pin_to_cpu(rank)?;
     }
     let senders = spec.senders.len() as u64;
-    let total = spec.count * senders;
     let samples_max = (spec.count / spec.sample_every.max(1) + 1) * senders;
     let log = match &spec.delivery_log {
         Some(dir) => {
@@ -120,7 +193,7 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
         }
         None => None,
     };
-    let mut tally = Tally {
+    let tally = Tally {
         delivered_msgs: 0,
         delivered_bytes: 0,
         checksums: vec![0; spec.senders.len()],
@@ -129,7 +202,33 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
         log,
         log_error: None,
     };
-    let mut group = Group::join_shm(config, rank).map_err(|e| e.to_string())?;
+    match spec.transport.as_str() {
+        "" | "shm" => {
+            let group = Group::join_shm(config, rank).map_err(|e| e.to_string())?;
+            drive(group, spec, rank, tally, |_| {})
+        }
+        "tcp" => {
+            let options = spec.tcp_options(&config)?;
+            let fabric = TcpFabric::open(&options, rank).map_err(|e| e.to_string())?;
+            let group = Group::join(Arc::new(fabric), config).map_err(|e| e.to_string())?;
+            drive(group, spec, rank, tally, |f: &TcpFabric| f.flush())
+        }
+        other => Err(format!("unknown transport '{other}': expected shm or tcp")),
+    }
+}
+
+/// Send this member's share and deliver everything, then write the results.
+/// `flush` runs after every progress pass (tcp: send the pass's coalesced
+/// pushes in one `sendmsg`).
+fn drive<F: Fabric>(
+    mut group: Group<F>,
+    spec: &MemberSpec,
+    rank: usize,
+    mut tally: Tally,
+    flush: impl Fn(&F),
+) -> Result<(), String> {
+    let senders = spec.senders.len() as u64;
+    let total = spec.count * senders;
     let sender = group.sender();
     let interval_ns = 1_000_000_000u64.checked_div(spec.rate).unwrap_or(0);
     let t0 = monotonic_ns();
@@ -170,10 +269,14 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
             }
         }
     };
+    // On tcp a rate-limited sender waiting for its next send time parks on
+    // the doorbell until then (a peer's progress wakes it at once); on shm
+    // it keeps polling (counted as work) so the idle strategy never parks
+    // past it.
+    let park_until_send = spec.transport == "tcp";
     loop {
-        // A rate-limited sender waiting for its next send time keeps polling
-        // (counted as work) so the idle strategy never parks past it.
         let mut app_work = 0u32;
+        let mut wait_ns = 0u64;
         if let Some(s) = &sender {
             if sent < spec.count {
                 let now = if interval_ns > 0 { monotonic_ns() } else { 0 };
@@ -185,6 +288,8 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
                     if interval_ns > 0 {
                         next_send_ns += interval_ns;
                     }
+                } else if park_until_send {
+                    wait_ns = next_send_ns - now;
                 } else {
                     app_work += 1;
                 }
@@ -192,7 +297,18 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
         }
         let before = group.core().counters().values[spindle_group::counters::DELIVERED_MSGS];
         let work = group.poll(&mut deliver).map_err(|e| e.to_string())?;
-        group.idle(work + app_work);
+        flush(group.core().fabric());
+        if wait_ns > 0 && work == 0 {
+            let bell = group.core().fabric().doorbell();
+            let ticket = bell.prepare_park();
+            if group.core().has_work() {
+                bell.cancel_park();
+            } else {
+                bell.park(ticket, Duration::from_nanos(wait_ns));
+            }
+        } else {
+            group.idle(work + app_work);
+        }
         let after = group.core().counters().values[spindle_group::counters::DELIVERED_MSGS];
         if after != before {
             t_last = monotonic_ns();
@@ -240,8 +356,8 @@ fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
 
 /// Send up to `burst` messages; returns how many were committed.
 #[inline]
-fn send_burst(
-    s: &spindle_group::Sender<spindle_fabric::shm::ShmFabric>,
+fn send_burst<F: Fabric>(
+    s: &spindle_group::Sender<F>,
     spec: &MemberSpec,
     sent: u64,
     burst: u64,

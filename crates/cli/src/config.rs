@@ -1,0 +1,514 @@
+//! The group configuration file of `spindle run` (one TOML file per group;
+//! every key is documented in docs/config.md, with a commented example in
+//! examples/group.toml).
+//!
+//! ```toml
+//! [group]
+//! name = "orders"
+//! transport = "tcp"
+//! key_file = "orders.key"
+//!
+//! [[members]]
+//! id = 0
+//! address = "10.0.0.1:7100"
+//! ```
+//!
+//! Parsing and validation are pure ([`GroupFile::parse`] takes the text,
+//! the directory relative paths start from, and the environment as a
+//! list); [`GroupFile::load`] does the reading. Every error names the key
+//! (or environment variable) and the bad value.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+
+use spindle_group::config::defaults;
+use spindle_group::{DeliveryMode, SenderSet};
+
+/// Keys of the `[group]` table, with their defaults (as TOML text; `None`:
+/// required or optional without a default).
+pub const GROUP_KEYS: [(&str, Option<&str>); 11] = [
+    ("name", None),
+    ("transport", Some("\"tcp\"")),
+    ("mode", Some("\"ordered\"")),
+    ("senders", Some("\"all\"")),
+    ("window_slots", Some("1024")),
+    ("slot_payload_max", Some("10240")),
+    ("key_file", None),
+    ("join_timeout_ms", Some("10000")),
+    ("peer_timeout_ms", Some("3000")),
+    ("idle", Some("\"auto\"")),
+    ("batching", Some("true")),
+];
+const MEMBER_KEYS: [&str; 3] = ["id", "address", "listen"];
+/// Key files shorter than this are refused (a guessable key protects nothing).
+pub const KEY_BYTES_MIN: usize = 16;
+const KEY_BYTES_MAX: usize = 4096;
+
+const _: () = assert!(defaults::WINDOW_SLOTS == 1024 && defaults::SLOT_PAYLOAD_MAX == 10_240);
+const _: () = assert!(defaults::JOIN_TIMEOUT_MS == 10_000);
+
+/// One member's entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberEntry {
+    pub id: usize,
+    /// `host:port` where it listens and the others dial it.
+    pub address: String,
+    /// Bind here instead (e.g. `0.0.0.0:7100`).
+    pub listen: Option<String>,
+}
+
+/// A validated group configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupFile {
+    pub name: String,
+    pub transport: String,
+    pub mode: DeliveryMode,
+    pub senders: SenderSet,
+    pub window_slots: usize,
+    pub slot_payload_max: usize,
+    pub key_file: Option<PathBuf>,
+    pub join_timeout_ms: u64,
+    pub peer_timeout_ms: u64,
+    pub idle: String,
+    pub batching: bool,
+    /// By id: `members[i].id == i`.
+    pub members: Vec<MemberEntry>,
+}
+
+impl GroupFile {
+    /// Read `path` and apply the process environment's `SPINDLE_*`
+    /// overrides.
+    pub fn load(path: &Path) -> Result<GroupFile, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("read config {}: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let env: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k.starts_with("SPINDLE_")).collect();
+        GroupFile::parse(&text, &base, &env).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    /// Parse and validate. `env` overrides: `SPINDLE_GROUP_<KEY>` for a
+    /// `[group]` key, `SPINDLE_MEMBER_<ID>_ADDRESS` / `_LISTEN` for a
+    /// member.
+    pub fn parse(text: &str, base_dir: &Path, env: &[(String, String)]) -> Result<GroupFile, String> {
+        let mut root: toml::Table = text.parse().map_err(|e: toml::de::Error| format!("TOML syntax: {e}"))?;
+        if let Some(k) = root.keys().find(|k| *k != "group" && *k != "members") {
+            return Err(format!("unknown top-level key '{k}': expected [group] and [[members]]"));
+        }
+        let mut group = match root.remove("group") {
+            Some(toml::Value::Table(t)) => t,
+            Some(other) => return Err(format!("'group' must be a table, found {}", other.type_str())),
+            None => return Err("missing [group] table".into()),
+        };
+        if let Some(k) = group.keys().find(|k| !GROUP_KEYS.iter().any(|(g, _)| g == k)) {
+            let known: Vec<&str> = GROUP_KEYS.iter().map(|(k, _)| *k).collect();
+            return Err(format!("unknown key group.{k}: known keys are {}", known.join(", ")));
+        }
+        let mut members = parse_members(root.remove("members"))?;
+        apply_env(&mut group, &mut members, env)?;
+        let get = |k: &str| -> Option<toml::Value> {
+            group.get(k).cloned().or_else(|| {
+                GROUP_KEYS
+                    .iter()
+                    .find(|(g, _)| *g == k)
+                    .and_then(|(_, d)| *d)
+                    .map(|d| d.parse::<toml::Value>().expect("defaults are TOML"))
+            })
+        };
+        let name = string(&get("name"), "group.name")?.ok_or("missing key group.name")?;
+        spindle_fabric::shm::validate_group_name(&name).map_err(|e| format!("group.name = \"{name}\": {e}"))?;
+        let transport = string(&get("transport"), "group.transport")?.expect("default");
+        if transport != "tcp" && transport != "shm" {
+            return Err(format!(
+                "group.transport = \"{transport}\": expected \"tcp\" or \"shm\""
+            ));
+        }
+        let mode_text = string(&get("mode"), "group.mode")?.expect("default");
+        let mode = DeliveryMode::parse(&mode_text).map_err(|e| format!("group.mode = \"{mode_text}\": {e}"))?;
+        let senders = parse_senders(&get("senders").expect("default"), members.len())?;
+        let window_slots = integer(&get("window_slots"), "group.window_slots")?;
+        let slot_payload_max = integer(&get("slot_payload_max"), "group.slot_payload_max")?;
+        let join_timeout_ms = integer(&get("join_timeout_ms"), "group.join_timeout_ms")? as u64;
+        let peer_timeout_ms = integer(&get("peer_timeout_ms"), "group.peer_timeout_ms")? as u64;
+        let idle = match string(&get("idle"), "group.idle")?.expect("default").as_str() {
+            // Blocked threads wake at once on tcp; yielding ones wait for a slice.
+            "auto" if transport == "tcp" => "park".to_string(),
+            "auto" => "backoff".to_string(),
+            other => other.to_string(),
+        };
+        crate::member::parse_idle(&idle).map_err(|e| format!("group.idle = \"{idle}\": {e}"))?;
+        let batching = match get("batching") {
+            Some(toml::Value::Boolean(b)) => b,
+            other => return Err(format!("group.batching = {}: expected true or false", show(&other))),
+        };
+        let key_file = string(&get("key_file"), "group.key_file")?.map(|k| base_dir.join(k));
+        if transport == "tcp" {
+            if key_file.is_none() {
+                return Err("missing key group.key_file: a tcp group needs a shared key (see docs/config.md)".into());
+            }
+            for m in &members {
+                if m.address.is_empty() {
+                    return Err(format!(
+                        "members[id = {}].address is missing (tcp needs host:port)",
+                        m.id
+                    ));
+                }
+            }
+        }
+        if peer_timeout_ms < 100 {
+            return Err(format!(
+                "group.peer_timeout_ms = {peer_timeout_ms}: must be at least 100"
+            ));
+        }
+        let file = GroupFile {
+            name,
+            transport,
+            mode,
+            senders,
+            window_slots,
+            slot_payload_max,
+            key_file,
+            join_timeout_ms,
+            peer_timeout_ms,
+            idle,
+            batching,
+            members,
+        };
+        file.group_config()
+            .map_err(|e| e.replace("invalid group configuration: ", ""))?;
+        Ok(file)
+    }
+
+    /// The group layer's configuration (validated there too).
+    pub fn group_config(&self) -> Result<spindle_group::GroupConfig, String> {
+        let mut c = spindle_group::GroupConfig::new(&self.name, self.members.len());
+        c.senders = self.senders.clone();
+        c.mode = self.mode;
+        c.window_slots = self.window_slots;
+        c.slot_payload_max = self.slot_payload_max;
+        c.batching = self.batching;
+        c.idle = crate::member::parse_idle(&self.idle)?;
+        c.join_timeout = std::time::Duration::from_millis(self.join_timeout_ms);
+        c.validate().map_err(|e| {
+            let text = e.to_string();
+            // Name the file's keys, not the API's fields.
+            text.replace("window_slots =", "group.window_slots =")
+                .replace("slot_payload_max =", "group.slot_payload_max =")
+                .replace("senders:", "group.senders:")
+        })?;
+        Ok(c)
+    }
+
+    /// The group key from `key_file`: its bytes without surrounding
+    /// whitespace; the file must be readable by its owner only.
+    pub fn read_key(&self) -> Result<Vec<u8>, String> {
+        let path = self.key_file.as_ref().ok_or("group.key_file is not set")?;
+        let meta = std::fs::metadata(path).map_err(|e| format!("group.key_file = {}: {e}", path.display()))?;
+        use std::os::unix::fs::MetadataExt;
+        if meta.mode() & 0o077 != 0 {
+            return Err(format!(
+                "group.key_file = {}: mode {:o} lets others read the group key; chmod 600 it",
+                path.display(),
+                meta.mode() & 0o777
+            ));
+        }
+        if meta.len() > KEY_BYTES_MAX as u64 {
+            return Err(format!(
+                "group.key_file = {}: {} bytes, at most {KEY_BYTES_MAX}",
+                path.display(),
+                meta.len()
+            ));
+        }
+        let bytes = std::fs::read(path).map_err(|e| format!("group.key_file = {}: {e}", path.display()))?;
+        let key = bytes.trim_ascii().to_vec();
+        if key.len() < KEY_BYTES_MIN {
+            return Err(format!(
+                "group.key_file = {}: the key has {} bytes, at least {KEY_BYTES_MIN} are needed (e.g. `head -c 32 /dev/urandom | xxd -p -c 64 > FILE`)",
+                path.display(),
+                key.len()
+            ));
+        }
+        Ok(key)
+    }
+
+    /// The rank of member `id`, or an error listing the ids.
+    pub fn rank_of(&self, id: usize) -> Result<usize, String> {
+        if id < self.members.len() {
+            Ok(id)
+        } else {
+            Err(format!(
+                "--member {id} is not in the configuration (its members are ids 0..={})",
+                self.members.len() - 1
+            ))
+        }
+    }
+}
+
+fn parse_members(value: Option<toml::Value>) -> Result<Vec<MemberEntry>, String> {
+    let list = match value {
+        Some(toml::Value::Array(a)) => a,
+        Some(other) => {
+            return Err(format!(
+                "'members' must be an array of tables ([[members]]), found {}",
+                other.type_str()
+            ))
+        }
+        None => return Err("missing [[members]]: list every member with its id and address".into()),
+    };
+    if list.is_empty() || list.len() > spindle_fabric::MEMBERS_MAX {
+        return Err(format!(
+            "{} members listed; a group has 1..={}",
+            list.len(),
+            spindle_fabric::MEMBERS_MAX
+        ));
+    }
+    let mut members: Vec<Option<MemberEntry>> = vec![None; list.len()];
+    for (i, entry) in list.into_iter().enumerate() {
+        let toml::Value::Table(t) = entry else {
+            return Err(format!("members[{i}] must be a table"));
+        };
+        if let Some(k) = t.keys().find(|k| !MEMBER_KEYS.contains(&k.as_str())) {
+            return Err(format!(
+                "unknown key members[{i}].{k}: known keys are {}",
+                MEMBER_KEYS.join(", ")
+            ));
+        }
+        let id = integer(&t.get("id").cloned(), &format!("members[{i}].id"))?;
+        if id >= members.len() {
+            return Err(format!(
+                "members[{i}].id = {id}: ids must be 0..={} (one per member, no gaps)",
+                members.len() - 1
+            ));
+        }
+        if members[id].is_some() {
+            return Err(format!("members[{i}].id = {id}: two members have this id"));
+        }
+        let address = string(&t.get("address").cloned(), &format!("members[{i}].address"))?.unwrap_or_default();
+        let listen = string(&t.get("listen").cloned(), &format!("members[{i}].listen"))?;
+        members[id] = Some(MemberEntry { id, address, listen });
+    }
+    Ok(members.into_iter().map(|m| m.expect("every id 0..n present")).collect())
+}
+
+/// Apply `SPINDLE_GROUP_<KEY>` and `SPINDLE_MEMBER_<ID>_<KEY>` overrides.
+fn apply_env(group: &mut toml::Table, members: &mut [MemberEntry], env: &[(String, String)]) -> Result<(), String> {
+    for (var, value) in env {
+        if let Some(key) = var.strip_prefix("SPINDLE_GROUP_") {
+            let key = key.to_ascii_lowercase();
+            let Some((_, default)) = GROUP_KEYS.iter().find(|(k, _)| *k == key) else {
+                continue; // other SPINDLE_* variables belong to other tools
+            };
+            // Typed like the key's default (strings when no default).
+            let parsed = match default {
+                Some(d) if !d.starts_with('"') => value
+                    .parse::<toml::Value>()
+                    .or_else(|_| {
+                        format!("x = {value}")
+                            .parse::<toml::Table>()
+                            .map(|mut t| t.remove("x").expect("x"))
+                    })
+                    .map_err(|_| format!("{var}={value} (overrides group.{key}): not a valid value"))?,
+                _ if key == "senders" && !value.chars().all(|c| c.is_ascii_alphabetic()) => {
+                    let ranks: Result<Vec<toml::Value>, _> = value
+                        .split(',')
+                        .map(|r| r.trim().parse::<i64>().map(toml::Value::Integer))
+                        .collect();
+                    toml::Value::Array(ranks.map_err(|_| {
+                        format!("{var}={value} (overrides group.senders): expected all, half, one or ids like 0,2")
+                    })?)
+                }
+                _ => toml::Value::String(value.clone()),
+            };
+            group.insert(key, parsed);
+        } else if let Some(rest) = var.strip_prefix("SPINDLE_MEMBER_") {
+            let Some((id, key)) = rest.split_once('_') else {
+                continue;
+            };
+            let Ok(id) = id.parse::<usize>() else { continue };
+            let Some(m) = members.get_mut(id) else {
+                return Err(format!("{var}: there is no member with id {id}"));
+            };
+            match key {
+                "ADDRESS" => m.address = value.clone(),
+                "LISTEN" => m.listen = Some(value.clone()),
+                _ => return Err(format!("{var}: unknown member key '{key}' (ADDRESS or LISTEN)")),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_senders(value: &toml::Value, members: usize) -> Result<SenderSet, String> {
+    match value {
+        toml::Value::String(s) => SenderSet::parse(s).map_err(|e| format!("group.senders = \"{s}\": {e}")),
+        toml::Value::Array(a) => {
+            let mut ranks = Vec::with_capacity(a.len());
+            for v in a {
+                match v.as_integer() {
+                    Some(r) if r >= 0 && (r as usize) < members => ranks.push(r as usize),
+                    _ => {
+                        return Err(format!(
+                            "group.senders = {value}: every entry must be a member id in 0..={}",
+                            members - 1
+                        ))
+                    }
+                }
+            }
+            ranks.sort_unstable();
+            if ranks.is_empty() || ranks.windows(2).any(|w| w[0] == w[1]) {
+                return Err(format!("group.senders = {value}: at least one id, no repeats"));
+            }
+            Ok(SenderSet::Ranks(ranks))
+        }
+        other => Err(format!(
+            "group.senders = {other}: expected \"all\", \"half\", \"one\" or a list of ids"
+        )),
+    }
+}
+
+fn show(v: &Option<toml::Value>) -> String {
+    v.as_ref().map(|v| v.to_string()).unwrap_or_else(|| "(missing)".into())
+}
+
+fn string(v: &Option<toml::Value>, key: &str) -> Result<Option<String>, String> {
+    match v {
+        None => Ok(None),
+        Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(format!("{key} = {other}: expected a string")),
+    }
+}
+
+fn integer(v: &Option<toml::Value>, key: &str) -> Result<usize, String> {
+    match v {
+        Some(toml::Value::Integer(i)) if *i >= 0 => Ok(*i as usize),
+        other => Err(format!("{key} = {}: expected a non-negative integer", show(other))),
+    }
+}
+
+/// Resolve `host:port` to one socket address (the first the resolver gives).
+pub fn resolve(address: &str) -> Result<SocketAddr, String> {
+    address
+        .to_socket_addrs()
+        .map_err(|e| format!("'{address}' is not a host:port ({e})"))?
+        .next()
+        .ok_or_else(|| format!("'{address}' resolves to no address"))
+}
+
+pub fn hex_encode(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn hex_decode(text: &str) -> Result<Vec<u8>, String> {
+    if !text.len().is_multiple_of(2) {
+        return Err("odd number of hex digits".into());
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).map_err(|_| format!("'{}' is not hex", &text[i..i + 2])))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        [group]
+        name = "g1"
+        key_file = "g1.key"
+        window_slots = 256
+        [[members]]
+        id = 0
+        address = "127.0.0.1:7100"
+        [[members]]
+        id = 1
+        address = "127.0.0.1:7101"
+    "#;
+
+    fn parse(text: &str, env: &[(&str, &str)]) -> Result<GroupFile, String> {
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        GroupFile::parse(text, Path::new("/etc/spindle"), &env)
+    }
+
+    #[test]
+    fn a_good_file_gets_the_documented_defaults() {
+        let f = parse(GOOD, &[]).expect("valid");
+        assert_eq!(f.name, "g1");
+        assert_eq!(f.transport, "tcp");
+        assert_eq!(f.mode, DeliveryMode::Ordered);
+        assert_eq!(f.senders, SenderSet::All);
+        assert_eq!((f.window_slots, f.slot_payload_max), (256, defaults::SLOT_PAYLOAD_MAX));
+        assert_eq!(f.key_file, Some(PathBuf::from("/etc/spindle/g1.key")));
+        assert_eq!(f.members.len(), 2);
+        assert_eq!(f.rank_of(1), Ok(1));
+        assert!(f
+            .rank_of(2)
+            .unwrap_err()
+            .contains("--member 2 is not in the configuration"));
+    }
+
+    #[test]
+    fn environment_overrides_win() {
+        let f = parse(
+            GOOD,
+            &[
+                ("SPINDLE_GROUP_WINDOW_SLOTS", "64"),
+                ("SPINDLE_GROUP_MODE", "unordered"),
+                ("SPINDLE_GROUP_SENDERS", "1"),
+                ("SPINDLE_MEMBER_1_ADDRESS", "10.0.0.2:7101"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(f.window_slots, 64);
+        assert_eq!(f.mode, DeliveryMode::Unordered);
+        assert_eq!(f.senders, SenderSet::Ranks(vec![1]));
+        assert_eq!(f.members[1].address, "10.0.0.2:7101");
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_value() {
+        let cases = [
+            (
+                GOOD.replace("window_slots = 256", "window_slots = 100"),
+                "group.window_slots = 100",
+            ),
+            (
+                GOOD.replace("window_slots = 256", "window_slot = 256"),
+                "unknown key group.window_slot",
+            ),
+            (GOOD.replace("name = \"g1\"", "name = \"a b\""), "group.name = \"a b\""),
+            (GOOD.replace("key_file = \"g1.key\"", ""), "missing key group.key_file"),
+            (GOOD.replace("id = 1", "id = 5"), "members[1].id = 5"),
+            (GOOD.replace("id = 1", "id = 0"), "two members have this id"),
+            (
+                GOOD.replace("window_slots = 256", "mode = \"fast\""),
+                "group.mode = \"fast\"",
+            ),
+            (
+                GOOD.replace("window_slots = 256", "window_slots = \"x\""),
+                "group.window_slots = \"x\"",
+            ),
+        ];
+        for (text, expected) in cases {
+            let e = parse(&text, &[]).expect_err(expected);
+            assert!(e.contains(expected), "error {e:?} should contain {expected:?}");
+        }
+        let e = parse(GOOD, &[("SPINDLE_GROUP_WINDOW_SLOTS", "lots")]).unwrap_err();
+        assert!(e.contains("SPINDLE_GROUP_WINDOW_SLOTS=lots"), "{e}");
+    }
+
+    #[test]
+    fn the_commented_example_parses_with_the_documented_defaults() {
+        let f = parse(include_str!("../../../examples/group.toml"), &[]).expect("examples/group.toml is valid");
+        let d = parse(
+            "[group]\nname = \"orders\"\nkey_file = \"orders.key\"\n[[members]]\nid = 0\naddress = \"10.0.0.1:7100\"\n[[members]]\nid = 1\naddress = \"10.0.0.2:7100\"\n[[members]]\nid = 2\naddress = \"10.0.0.3:7100\"\n",
+            &[],
+        )
+        .expect("minimal file");
+        assert_eq!(f, d, "the example spells out exactly the defaults");
+    }
+
+    #[test]
+    fn hex_round_trips() {
+        assert_eq!(hex_decode(&hex_encode(&[0, 1, 0xab, 0xff])), Ok(vec![0, 1, 0xab, 0xff]));
+        assert!(hex_decode("abc").is_err());
+    }
+}
