@@ -13,6 +13,8 @@ pub mod fifo;
 pub mod integrity;
 pub mod no_duplication;
 pub mod no_gaps;
+pub mod online;
+pub mod simulation;
 pub mod total_order;
 
 use std::collections::BTreeMap;
