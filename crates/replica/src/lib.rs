@@ -1,1 +1,47 @@
-//! spindle-replica (being built).
+//! # spindle-replica — one-sided object replication (RAMCloud) and a RESP
+//! key-value service
+//!
+//! A master appends object records (key, version, value, checksum) to a
+//! log whose open segment lives in every backup's registered memory; it
+//! writes each record straight into it with one-sided fabric writes and
+//! acknowledges the write once the writes to all backups have completed
+//! ([`master`]). Backups' CPUs stay off the write path: they flush closed
+//! segments to disk in the background with fsync, holding a bounded ring
+//! of segments in memory ([`backup`]). The same store runs with a
+//! two-sided RPC baseline ([`master::Mode::Rpc`]) so the two can be
+//! measured side by side, as in the RAMCloud seed.
+//!
+//! When the master dies, every backup seals its log on disk; the lowest
+//! live backup replays its log into a new master (checksums verified, a
+//! torn last record dropped: [`replay`]), the others become its backups in
+//! a new epoch, and the service's address moves to it ([`node`],
+//! [`server`]).
+//!
+//! The KV service ([`server`], [`command`]) speaks RESP: PING, GET, SET,
+//! DEL, EXISTS, MGET, MSET (atomic: one batch of records that recovery
+//! applies whole or not at all), INCR, DBSIZE, INFO, QUIT; anything else
+//! is a RESP error. Writes are applied to the objects only after every
+//! backup has them, so a read never shows a write a failover could lose.
+//!
+//! Sans-IO parts (no threads, sockets or clocks): [`record`], [`log`],
+//! [`replay`], [`store`], [`resp`], [`command`], [`linearizability`],
+//! [`config`]. Runtime parts: [`master`], [`backup`], [`disk`], [`node`],
+//! [`server`].
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod backup;
+pub mod command;
+pub mod config;
+pub mod disk;
+pub mod layout;
+pub mod linearizability;
+pub mod log;
+pub mod master;
+pub mod node;
+pub mod record;
+pub mod replay;
+pub mod resp;
+pub mod server;
+pub mod store;
+
+pub use master::Mode;

@@ -1,0 +1,387 @@
+//! End-to-end tests of `spindle kv serve`: real member processes on shm,
+//! driven over TCP with raw RESP and with a real Redis client library
+//! (the `redis` crate), through failovers (the master SIGKILLed), with a
+//! concurrent client history checked for linearizability.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use spindle_replica::linearizability::{check, Op, OpKind, OpResult};
+
+/// A running `spindle kv serve` with its members.
+struct Service {
+    supervisor: Child,
+    port: u16,
+    member_pids: Vec<u32>,
+    lines: mpsc::Receiver<String>,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Service {
+    fn start(backups: usize, mode: &str) -> Service {
+        static N: AtomicU64 = AtomicU64::new(0);
+        // Segment files on tmpfs: fsyncs on a disk shared with busy builds
+        // can stall for seconds; these tests check the service, not the disk.
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let port = free_port();
+        let group = format!("kvt-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let mut supervisor = Command::new(env!("CARGO_BIN_EXE_spindle"))
+            .args(["kv", "serve", "--port", &port.to_string(), "--group", &group])
+            .args(["--backups", &backups.to_string(), "--mode", mode, "--data-dir"])
+            .arg(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn spindle kv serve");
+        let stdout = supervisor.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut service = Service {
+            supervisor,
+            port,
+            member_pids: Vec::new(),
+            lines,
+            _dir: dir,
+        };
+        while service.member_pids.len() < backups + 1 {
+            let line = service.wait_line("member ");
+            if let Some(pid) = line.split("pid ").nth(1).and_then(|s| s.split_whitespace().next()) {
+                service.member_pids.push(pid.parse().unwrap());
+            }
+        }
+        service.wait_line("is master of epoch 0");
+        service
+    }
+
+    /// The next stdout line containing `needle` (bounded wait: a hang
+    /// fails the test instead of blocking it).
+    fn wait_line(&self, needle: &str) -> String {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("no line with '{needle}' from spindle kv serve"));
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+
+    fn connect(&self) -> Resp {
+        Resp::connect(self.port)
+    }
+
+    fn kill_member(&self, rank: usize) {
+        // SAFETY: kill(2) on a pid we spawned (a member of this service).
+        let rc = unsafe { libc::kill(self.member_pids[rank] as i32, libc::SIGKILL) };
+        assert_eq!(rc, 0, "kill member {rank}");
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the supervisor we spawned; it stops its members.
+        unsafe { libc::kill(self.supervisor.id() as i32, libc::SIGTERM) };
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.supervisor.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.supervisor.kill();
+        let _ = self.supervisor.wait();
+    }
+}
+
+/// A raw RESP connection.
+struct Resp {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Resp {
+    fn connect(port: u16) -> Resp {
+        let started = Instant::now();
+        loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(stream) => {
+                    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                    return Resp {
+                        stream,
+                        buf: Vec::new(),
+                    };
+                }
+                Err(e) if started.elapsed() > Duration::from_secs(60) => panic!("connect: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    fn send(&mut self, args: &[&[u8]]) -> std::io::Result<()> {
+        let mut req = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            req.extend_from_slice(a);
+            req.extend_from_slice(b"\r\n");
+        }
+        self.stream.write_all(&req)
+    }
+
+    /// One reply, as text (arrays flattened: `[a,b,nil]`).
+    fn reply(&mut self) -> std::io::Result<String> {
+        loop {
+            if let Some((text, used)) = parse_reply(&self.buf) {
+                self.buf.drain(..used);
+                return Ok(text);
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk)?;
+            if n == 0 {
+                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed"));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn call(&mut self, args: &[&str]) -> std::io::Result<String> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.send(&args)?;
+        self.reply()
+    }
+}
+
+fn parse_reply(b: &[u8]) -> Option<(String, usize)> {
+    let line_end = b.windows(2).position(|w| w == b"\r\n")?;
+    let line = std::str::from_utf8(&b[1..line_end]).ok()?;
+    let after = line_end + 2;
+    match b.first()? {
+        b'+' | b'-' | b':' => Some((format!("{}{line}", b[0] as char), after)),
+        b'$' => {
+            let len: i64 = line.parse().ok()?;
+            if len < 0 {
+                return Some(("nil".into(), after));
+            }
+            let end = after + len as usize;
+            if b.len() < end + 2 {
+                return None;
+            }
+            Some((String::from_utf8_lossy(&b[after..end]).into_owned(), end + 2))
+        }
+        b'*' => {
+            let n: usize = line.parse().ok()?;
+            let mut at = after;
+            let mut items = Vec::new();
+            for _ in 0..n {
+                let (item, used) = parse_reply(&b[at..])?;
+                items.push(item);
+                at += used;
+            }
+            Some((format!("[{}]", items.join(",")), at))
+        }
+        _ => Some((format!("?{line}"), after)),
+    }
+}
+
+#[test]
+fn raw_resp_session_pipelining_and_errors() {
+    let service = Service::start(2, "one-sided");
+    let mut c = service.connect();
+    assert_eq!(c.call(&["PING"]).unwrap(), "+PONG");
+    assert_eq!(c.call(&["SET", "a", "hello"]).unwrap(), "+OK");
+    assert_eq!(c.call(&["GET", "a"]).unwrap(), "hello");
+    assert_eq!(c.call(&["GET", "missing"]).unwrap(), "nil");
+    assert_eq!(c.call(&["MSET", "x", "1", "y", "2"]).unwrap(), "+OK");
+    assert_eq!(c.call(&["MGET", "x", "y", "z"]).unwrap(), "[1,2,nil]");
+    assert_eq!(c.call(&["INCR", "x"]).unwrap(), ":2");
+    assert_eq!(c.call(&["EXISTS", "a", "x", "z"]).unwrap(), ":2");
+    assert_eq!(c.call(&["DEL", "a", "z"]).unwrap(), ":1");
+    assert_eq!(c.call(&["DBSIZE"]).unwrap(), ":2");
+    assert!(c
+        .call(&["INCR", "y", "extra"])
+        .unwrap()
+        .starts_with("-ERR wrong number of arguments"));
+    assert!(c
+        .call(&["FLUSHALL"])
+        .unwrap()
+        .starts_with("-ERR unknown command 'FLUSHALL'"));
+    assert!(c.call(&["INFO"]).unwrap().contains("role:master"));
+    // Pipelining: 100 requests in one write, 100 replies in order.
+    let mut batch = Vec::new();
+    for _ in 0..100 {
+        batch.extend_from_slice(b"*2\r\n$4\r\nINCR\r\n$1\r\np\r\n");
+    }
+    c.stream.write_all(&batch).unwrap();
+    for i in 1..=100 {
+        assert_eq!(c.reply().unwrap(), format!(":{i}"));
+    }
+    // Inline commands (telnet style).
+    c.stream.write_all(b"GET p\r\n").unwrap();
+    assert_eq!(c.reply().unwrap(), "100");
+    // Oversized requests are protocol errors; the connection closes.
+    c.stream.write_all(b"*999999999\r\n").unwrap();
+    assert!(c.reply().unwrap().starts_with("-ERR Protocol error"));
+    assert!(c.reply().is_err(), "closed after a protocol error");
+    assert_eq!(service.connect().call(&["QUIT"]).unwrap(), "+OK");
+}
+
+#[test]
+fn bad_configuration_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.conf");
+    std::fs::write(&path, "backups = 0\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["kv", "serve", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("backups = 0"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn redis_client_library_works_and_survives_a_failover() {
+    let service = Service::start(3, "one-sided");
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}/", service.port)).unwrap();
+    let mut con = client.get_connection().expect("redis-rs connects");
+    let _: () = redis::cmd("SET").arg("k").arg("v").query(&mut con).unwrap();
+    let v: Option<String> = redis::cmd("GET").arg("k").query(&mut con).unwrap();
+    assert_eq!(v.as_deref(), Some("v"));
+    let (a, b): (i64, i64) = redis::pipe()
+        .cmd("INCR")
+        .arg("n")
+        .cmd("INCR")
+        .arg("n")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!((a, b), (1, 2));
+    let _: () = redis::cmd("MSET")
+        .arg("m1")
+        .arg("x")
+        .arg("m2")
+        .arg("y")
+        .query(&mut con)
+        .unwrap();
+    let got: Vec<Option<String>> = redis::cmd("MGET")
+        .arg("m1")
+        .arg("m2")
+        .arg("m3")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(got, vec![Some("x".into()), Some("y".into()), None]);
+    let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+    assert_eq!(n, 4);
+    let e: redis::RedisResult<()> = redis::cmd("LPUSH").arg("l").arg("1").query(&mut con);
+    assert!(e.unwrap_err().to_string().contains("unknown command"));
+    for i in 0..500 {
+        let _: () = redis::cmd("SET").arg(format!("key{i}")).arg(i).query(&mut con).unwrap();
+    }
+    service.kill_member(0);
+    service.wait_line("member 1 is master of epoch 1");
+    let mut con = client.get_connection().expect("reconnect to the new master");
+    for i in 0..500 {
+        let v: Option<i64> = redis::cmd("GET").arg(format!("key{i}")).query(&mut con).unwrap();
+        assert_eq!(v, Some(i), "durability: acknowledged write lost (key{i})");
+    }
+    let n: i64 = redis::cmd("INCR").arg("n").query(&mut con).unwrap();
+    assert_eq!(n, 3);
+}
+
+/// Concurrent clients read, write and increment three keys while the
+/// master is SIGKILLed; the history must be linearizable.
+fn linearizable_across_failover(mode: &str) {
+    let service = Service::start(3, mode);
+    let started = Instant::now();
+    let done = Arc::new(AtomicU64::new(0));
+    let clients = 4;
+    let ops_per_client = 250;
+    let mut threads = Vec::new();
+    for client in 0..clients {
+        let (port, done) = (service.port, done.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut history = Vec::new();
+            let mut rng = 0x9E37_79B9u64.wrapping_mul(client as u64 + 1) | 1;
+            let mut next = || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            let mut conn = Some(Resp::connect(port));
+            for i in 0..ops_per_client {
+                let key = format!("lin{}", next() % 3);
+                let kind = match next() % 3 {
+                    0 => OpKind::Get,
+                    1 => OpKind::Set(format!("{}", client * 100_000 + i).into_bytes()),
+                    _ => OpKind::Incr,
+                };
+                let c = conn.get_or_insert_with(|| Resp::connect(port));
+                let invoke_ns = started.elapsed().as_nanos() as u64;
+                let reply = match &kind {
+                    OpKind::Get => c.call(&["GET", &key]),
+                    OpKind::Set(v) => c.call(&["SET", &key, std::str::from_utf8(v).unwrap()]),
+                    OpKind::Incr => c.call(&["INCR", &key]),
+                };
+                let complete_ns = started.elapsed().as_nanos() as u64;
+                let result = match (&kind, reply) {
+                    (_, Err(_)) => None,
+                    (OpKind::Get, Ok(r)) if r == "nil" => Some(OpResult::Value(None)),
+                    (OpKind::Get, Ok(r)) => Some(OpResult::Value(Some(r.into_bytes()))),
+                    (OpKind::Set(_), Ok(r)) if r == "+OK" => Some(OpResult::Ok),
+                    (OpKind::Incr, Ok(r)) if r.starts_with(':') => Some(OpResult::Integer(r[1..].parse().unwrap())),
+                    (_, Ok(r)) if r.starts_with('-') => None,
+                    (_, Ok(r)) => panic!("unexpected reply {r}"),
+                };
+                if result.is_none() {
+                    conn = None;
+                }
+                let complete_ns = result.as_ref().map(|_| complete_ns);
+                history.push(Op {
+                    client,
+                    key: key.into_bytes(),
+                    kind,
+                    invoke_ns,
+                    complete_ns,
+                    result,
+                });
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            history
+        }));
+    }
+    while done.load(Ordering::Relaxed) < (clients * ops_per_client / 3) as u64 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    service.kill_member(0);
+    let history: Vec<Op> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    service.wait_line("member 1 is master of epoch 1");
+    let answered = history.iter().filter(|o| o.result.is_some()).count();
+    assert!(answered > history.len() / 2, "most operations were answered");
+    check(&history).expect("linearizability across a failover");
+}
+
+#[test]
+fn history_across_a_failover_is_linearizable_one_sided() {
+    linearizable_across_failover("one-sided");
+}
+
+#[test]
+fn history_across_a_failover_is_linearizable_rpc() {
+    linearizable_across_failover("rpc");
+}

@@ -1,0 +1,110 @@
+//! The replica row on a fabric: control columns plus one log *area* per
+//! member.
+//!
+//! ```text
+//!  row of member m (every member has every column)
+//!  line 0  ┌ epoch            u64  epoch this member is in (as master or backup)
+//!          │ role             u64  0 starting · 1 backup · 2 master · 3 recovering
+//!          │ master_rank      u64  whom this member follows (itself when master)
+//!          │ ready_epoch      u64  backup: follows epoch `ready_epoch - 1` with fresh state (0: none)
+//!          │ flushed_segments u64  backup: segments of its epoch durable on disk (fsync done)
+//!          │ sealed_epoch     u64  backup: `e + 1` once epoch e's log is entirely on disk
+//!          └ pad
+//!  line 1  ┌ head[M]          u64  the guards: as master, head[b] = log position complete in area b
+//!          │                       (Release after the bytes); in rpc mode a backup's own head[m]
+//!          │                       is its reply: positions copied into its own area
+//!  line 2  ┌ counters[C]      u64  appends, flow-control waits, … (never pushed)
+//!  next    ┌ areas            M × segments_max × segment_bytes
+//!          │   area b of master m: the log segments m writes one-sided for backup b
+//!          │   (rpc mode: the request buffer for b); area m of backup m in rpc mode:
+//!          │   m's own copy of the log
+//! ```
+//!
+//! The fabric lets a member write only its own row, so the segments that
+//! "live in the backup's memory" are, on shm, an area of the master's row
+//! that the backup maps and reads in place: the same pages, outliving the
+//! master's process as long as the backup holds its mapping.
+
+use spindle_sst::{BytesColumn, LayoutBuilder, RowLayout, U64Column, U64VectorColumn};
+
+use crate::log::LogGeometry;
+
+pub const ROLE_STARTING: u64 = 0;
+pub const ROLE_BACKUP: u64 = 1;
+pub const ROLE_MASTER: u64 = 2;
+pub const ROLE_RECOVERING: u64 = 3;
+
+/// Counter ids (index into `counters`).
+pub const COUNTER_APPENDS: usize = 0;
+pub const COUNTER_FLOW_WAITS: usize = 1;
+pub const COUNTER_SEGMENTS_FLUSHED: usize = 2;
+pub const COUNTER_RPC_COPIES: usize = 3;
+pub const COUNTER_NAMES: [&str; 4] = ["appends", "flow_waits", "segments_flushed", "rpc_copies"];
+
+/// Column handles of the replica row.
+#[derive(Clone, Debug)]
+pub struct ReplicaLayout {
+    pub row: RowLayout,
+    pub epoch: U64Column,
+    pub role: U64Column,
+    pub master_rank: U64Column,
+    pub ready_epoch: U64Column,
+    pub flushed_segments: U64Column,
+    pub sealed_epoch: U64Column,
+    pub head: U64VectorColumn,
+    pub counters: U64VectorColumn,
+    pub areas: BytesColumn,
+    pub geometry: LogGeometry,
+    pub members: usize,
+}
+
+impl ReplicaLayout {
+    pub fn new(members: usize, geometry: LogGeometry, mode: &str) -> ReplicaLayout {
+        assert!(
+            (2..=spindle_fabric::MEMBERS_MAX).contains(&members),
+            "members {members}"
+        );
+        let mut b = LayoutBuilder::new(&format!(
+            "replica members={members} mode={mode} segment_bytes={} segments={}",
+            geometry.segment_bytes, geometry.segments_max
+        ));
+        let epoch = b.u64("epoch");
+        let role = b.u64("role");
+        let master_rank = b.u64("master_rank");
+        let ready_epoch = b.u64("ready_epoch");
+        let flushed_segments = b.u64("flushed_segments");
+        let sealed_epoch = b.u64("sealed_epoch");
+        b.cache_line_break();
+        let head = b.u64_vector("head", members);
+        b.cache_line_break();
+        let counters = b.u64_vector("counters", COUNTER_NAMES.len());
+        let areas = b.bytes("areas", members * geometry.area_bytes());
+        let row = b.build();
+        assert!(areas.offset().is_multiple_of(64), "areas are cache-line aligned");
+        ReplicaLayout {
+            row,
+            epoch,
+            role,
+            master_rank,
+            ready_epoch,
+            flushed_segments,
+            sealed_epoch,
+            head,
+            counters,
+            areas,
+            geometry,
+            members,
+        }
+    }
+
+    /// Row offset of area `b`'s byte for log `position`.
+    pub fn area_offset(&self, b: usize, position: u64) -> usize {
+        assert!(b < self.members, "area {b} of {}", self.members);
+        self.areas.offset() + b * self.geometry.area_bytes() + self.geometry.area_offset(position)
+    }
+
+    /// Row offset of the start of segment `k`'s slot in area `b`.
+    pub fn segment_offset(&self, b: usize, k: u64) -> usize {
+        self.area_offset(b, k * self.geometry.segment_bytes as u64)
+    }
+}

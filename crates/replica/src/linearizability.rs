@@ -1,0 +1,208 @@
+//! A linearizability checker for key-value histories (sans-IO).
+//!
+//! Keys are independent registers, so a history is linearizable when each
+//! key's sub-history is (locality). Per key this is the Wing & Gong search
+//! with memoization of (operations linearized, register value): pick any
+//! operation that was invoked before every pending-response operation
+//! completed, check it against the register, recurse. Operations without
+//! a response (the client lost its connection in a failover) may take
+//! effect at any point after their invocation, or never.
+
+use std::collections::{BTreeMap, HashSet};
+
+/// What a client did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    Get,
+    Set(Vec<u8>),
+    Incr,
+}
+
+/// What it got back (`None` in [`Op::result`]: no answer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpResult {
+    /// GET: the value, or nil.
+    Value(Option<Vec<u8>>),
+    /// SET: OK.
+    Ok,
+    /// INCR: the new value.
+    Integer(i64),
+}
+
+/// One operation of a history.
+#[derive(Clone, Debug)]
+pub struct Op {
+    pub client: usize,
+    pub key: Vec<u8>,
+    pub kind: OpKind,
+    pub invoke_ns: u64,
+    /// `None`: no answer (failed or cut off); the op may or may not have happened.
+    pub complete_ns: Option<u64>,
+    pub result: Option<OpResult>,
+}
+
+/// The search budget per key (states visited) before giving up.
+pub const STATES_MAX: usize = 2_000_000;
+
+/// Why a history is not (shown) linearizable.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LinearizabilityError {
+    #[error("linearizability violated on key '{key}': no order of its {ops} operations explains the results")]
+    Violated { key: String, ops: usize },
+    #[error("search budget exhausted on key '{key}' ({ops} operations)")]
+    Budget { key: String, ops: usize },
+}
+
+/// Check a whole history, key by key.
+pub fn check(history: &[Op]) -> Result<(), LinearizabilityError> {
+    let mut by_key: BTreeMap<&[u8], Vec<&Op>> = BTreeMap::new();
+    for op in history {
+        by_key.entry(&op.key).or_default().push(op);
+    }
+    for (key, ops) in by_key {
+        let name = String::from_utf8_lossy(key).into_owned();
+        check_key(&ops).map_err(|budget| {
+            if budget {
+                LinearizabilityError::Budget {
+                    key: name.clone(),
+                    ops: ops.len(),
+                }
+            } else {
+                LinearizabilityError::Violated {
+                    key: name,
+                    ops: ops.len(),
+                }
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// `Err(true)`: budget exhausted; `Err(false)`: violated.
+fn check_key(ops: &[&Op]) -> Result<(), bool> {
+    let n = ops.len();
+    let words = n.div_ceil(64);
+    let mut seen: HashSet<(Vec<u64>, Option<Vec<u8>>)> = HashSet::new();
+    let mut stack: Vec<(Vec<u64>, Option<Vec<u8>>)> = vec![(vec![0; words], None)];
+    let completed_total = ops.iter().filter(|o| o.complete_ns.is_some()).count();
+    while let Some((done, value)) = stack.pop() {
+        let completed_done = (0..n)
+            .filter(|i| is_set(&done, *i) && ops[*i].complete_ns.is_some())
+            .count();
+        if completed_done == completed_total {
+            return Ok(());
+        }
+        if !seen.insert((done.clone(), value.clone())) {
+            continue;
+        }
+        if seen.len() > STATES_MAX {
+            return Err(true);
+        }
+        // An op may go next only if it was invoked before every other
+        // remaining op's response.
+        let horizon = (0..n)
+            .filter(|i| !is_set(&done, *i))
+            .filter_map(|i| ops[i].complete_ns)
+            .min()
+            .unwrap_or(u64::MAX);
+        for i in (0..n).filter(|i| !is_set(&done, *i)) {
+            let op = ops[i];
+            if op.invoke_ns > horizon {
+                continue;
+            }
+            if let Some(next) = step(&value, op) {
+                let mut d = done.clone();
+                d[i / 64] |= 1 << (i % 64);
+                stack.push((d, next));
+            }
+        }
+    }
+    Err(false)
+}
+
+fn is_set(bits: &[u64], i: usize) -> bool {
+    bits[i / 64] & (1 << (i % 64)) != 0
+}
+
+/// The register after `op`, if `op`'s result is consistent with `value`.
+fn step(value: &Option<Vec<u8>>, op: &Op) -> Option<Option<Vec<u8>>> {
+    match (&op.kind, &op.result) {
+        (OpKind::Get, Some(OpResult::Value(v))) => (v == value).then(|| value.clone()),
+        (OpKind::Get, None) => Some(value.clone()),
+        (OpKind::Set(v), Some(OpResult::Ok) | None) => Some(Some(v.clone())),
+        (OpKind::Incr, result) => {
+            let current = match value {
+                None => 0,
+                Some(v) => std::str::from_utf8(v).ok()?.parse::<i64>().ok()?,
+            };
+            let next = current.checked_add(1)?;
+            match result {
+                Some(OpResult::Integer(n)) if *n != next => None,
+                Some(OpResult::Integer(_)) | None => Some(Some(next.to_string().into_bytes())),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(client: usize, kind: OpKind, t: (u64, Option<u64>), result: Option<OpResult>) -> Op {
+        Op {
+            client,
+            key: b"k".to_vec(),
+            kind,
+            invoke_ns: t.0,
+            complete_ns: t.1,
+            result,
+        }
+    }
+
+    #[test]
+    fn concurrent_writes_may_be_seen_in_either_order() {
+        let h = vec![
+            op(0, OpKind::Set(b"a".to_vec()), (0, Some(10)), Some(OpResult::Ok)),
+            op(1, OpKind::Set(b"b".to_vec()), (1, Some(9)), Some(OpResult::Ok)),
+            op(
+                2,
+                OpKind::Get,
+                (11, Some(12)),
+                Some(OpResult::Value(Some(b"a".to_vec()))),
+            ),
+        ];
+        assert_eq!(check(&h), Ok(()));
+    }
+
+    #[test]
+    fn a_stale_read_after_a_completed_write_is_a_violation() {
+        let h = vec![
+            op(0, OpKind::Set(b"a".to_vec()), (0, Some(1)), Some(OpResult::Ok)),
+            op(0, OpKind::Set(b"b".to_vec()), (2, Some(3)), Some(OpResult::Ok)),
+            op(1, OpKind::Get, (4, Some(5)), Some(OpResult::Value(Some(b"a".to_vec())))),
+        ];
+        assert!(matches!(check(&h), Err(LinearizabilityError::Violated { .. })));
+    }
+
+    #[test]
+    fn an_unanswered_write_may_or_may_not_have_happened() {
+        let lost = op(0, OpKind::Incr, (0, None), None);
+        let seen = vec![
+            lost.clone(),
+            op(1, OpKind::Get, (5, Some(6)), Some(OpResult::Value(Some(b"1".to_vec())))),
+        ];
+        assert_eq!(check(&seen), Ok(()));
+        let unseen = vec![lost, op(1, OpKind::Get, (5, Some(6)), Some(OpResult::Value(None)))];
+        assert_eq!(check(&unseen), Ok(()));
+        let lost_ack = vec![
+            op(0, OpKind::Incr, (0, Some(1)), Some(OpResult::Integer(1))),
+            op(1, OpKind::Get, (5, Some(6)), Some(OpResult::Value(None))),
+        ];
+        assert!(
+            check(&lost_ack).is_err(),
+            "an acknowledged write that vanished is a violation"
+        );
+    }
+}

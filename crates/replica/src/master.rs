@@ -1,0 +1,423 @@
+//! The master's replication path: append a record to every backup's log.
+//!
+//! **One-sided** (`Mode::OneSided`): for each backup `b` the master copies
+//! the record into area `b` of its own row (the segment that backup `b`
+//! maps), stores `head[b]` with `Release` and pushes both to `b`. The write
+//! is acknowledged when the pushes to all backups have completed. No
+//! backup code runs on this path.
+//!
+//! What "completed" means, honestly, per fabric: on **shm** a push is a
+//! `Release` fence over memory the backup already maps, so once `push`
+//! returns the bytes are in the backup's mapping, readable by it in place,
+//! and they outlive the master's process (the backup holds the mapping).
+//! They do not outlive the host: shm is one host, and the backups flush to
+//! disk in the background. On **tcp** (not built yet) completion would
+//! mean the peer applied the frame, which needs a completion the fabric
+//! does not report yet.
+//!
+//! **RPC** (`Mode::Rpc`): the same copy into area `b` is the request; the
+//! backup's thread copies it into its own log and stores its own
+//! `head[me]` (the reply); the master waits for every reply.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use spindle_fabric::{Fabric, PeerSet};
+use spindle_sst::monotonic_coarse_ns;
+
+use crate::command::Replicator;
+use crate::layout::{ReplicaLayout, COUNTER_APPENDS, COUNTER_FLOW_WAITS};
+use crate::record::{encode_into, encoded_len, RecordFields, RecordKind, HEADER_BYTES, KEY_BYTES_MAX};
+
+/// How records reach the backups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The master writes into the backups' segments; backups' CPUs idle.
+    OneSided,
+    /// Two-sided baseline: each backup receives, copies, replies.
+    Rpc,
+}
+
+impl Mode {
+    pub fn parse(s: &str) -> Result<Mode, String> {
+        match s {
+            "one-sided" | "onesided" => Ok(Mode::OneSided),
+            "rpc" => Ok(Mode::Rpc),
+            other => Err(format!("unknown mode '{other}': expected 'one-sided' or 'rpc'")),
+        }
+    }
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Mode::OneSided => "one-sided",
+            Mode::Rpc => "rpc",
+        }
+    }
+}
+
+/// How long the master waits on a live backup that makes no progress
+/// (an fsync on a busy disk can take seconds) before failing the write.
+pub const STALL_NS_MAX: u64 = 60_000_000_000;
+
+/// Is member `rank` alive? (A crashed backup is dropped from the set.)
+pub type Liveness = Box<dyn Fn(usize) -> bool + Send>;
+
+/// The master's side of the log, over any fabric.
+pub struct Master<F: Fabric> {
+    fabric: Arc<F>,
+    layout: ReplicaLayout,
+    mode: Mode,
+    epoch: u64,
+    backups: Vec<usize>,
+    head: u64,
+    /// One record, encoded once, then copied to every backup (no
+    /// allocation on the write path).
+    staging: Vec<u8>,
+    alive: Liveness,
+    /// Give up on a backup that makes no progress for this long.
+    stall_ns_max: u64,
+}
+
+impl<F: Fabric> Master<F> {
+    /// Become master of `backups` in `epoch`: publishes the epoch and
+    /// waits until every backup follows it with fresh state.
+    pub fn start(
+        fabric: Arc<F>,
+        layout: ReplicaLayout,
+        mode: Mode,
+        epoch: u64,
+        backups: Vec<usize>,
+        value_bytes_max: usize,
+        alive: Liveness,
+    ) -> Result<Master<F>, String> {
+        let me = fabric.member_rank();
+        assert!(!backups.contains(&me), "the master is not its own backup");
+        let row = fabric.row(me);
+        for b in 0..layout.members {
+            row.u64_at(layout.head.offset(b)).store(0, Ordering::Relaxed);
+        }
+        row.u64_at(layout.master_rank.offset())
+            .store(me as u64, Ordering::Relaxed);
+        row.u64_at(layout.role.offset())
+            .store(crate::layout::ROLE_MASTER, Ordering::Relaxed);
+        // Partner: the Acquire load of `epoch` by backups in `follow`:
+        // seeing the new epoch they see the zeroed heads and the role.
+        row.u64_at(layout.epoch.offset()).store(epoch, Ordering::Release);
+        fabric
+            .push(0..layout.areas.offset(), PeerSet::all_except(me, fabric.member_count()))
+            .map_err(|e| e.to_string())?;
+        let mut master = Master {
+            fabric,
+            layout,
+            mode,
+            epoch,
+            backups,
+            head: 0,
+            staging: vec![0u8; encoded_len(KEY_BYTES_MAX, value_bytes_max)],
+            alive,
+            stall_ns_max: STALL_NS_MAX,
+        };
+        master.wait_backups_ready()?;
+        Ok(master)
+    }
+
+    fn wait_backups_ready(&mut self) -> Result<(), String> {
+        let started = monotonic_coarse_ns();
+        loop {
+            let mut missing = None;
+            for &b in &self.backups {
+                // Partner: the Release store of `ready_epoch` in the
+                // backup's `follow`.
+                if self
+                    .fabric
+                    .row(b)
+                    .u64_at(self.layout.ready_epoch.offset())
+                    .load(Ordering::Acquire)
+                    != self.epoch + 1
+                {
+                    missing = Some(b);
+                }
+            }
+            let Some(b) = missing else { return Ok(()) };
+            if !(self.alive)(b) {
+                self.backups.retain(|x| *x != b);
+                continue;
+            }
+            if monotonic_coarse_ns() - started > self.stall_ns_max {
+                return Err(format!(
+                    "backup {b} did not follow epoch {} within {} s",
+                    self.epoch,
+                    STALL_NS_MAX / 1_000_000_000
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+    pub fn backups(&self) -> &[usize] {
+        &self.backups
+    }
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+    /// Appends that had to wait for a backup (flow control or rpc reply).
+    pub fn flow_waits(&self) -> u64 {
+        let row = self.fabric.row(self.fabric.member_rank());
+        row.u64_at(self.layout.counters.offset(COUNTER_FLOW_WAITS))
+            .load(Ordering::Relaxed)
+    }
+
+    /// Flow control: wait until every backup has flushed enough segments
+    /// for the ring to take bytes up to `end`.
+    fn wait_writable(&mut self, end: u64) -> Result<(), String> {
+        let geometry = self.layout.geometry;
+        let cell = self.layout.flushed_segments.offset();
+        let mut spins = 0u32;
+        let mut started = 0u64;
+        loop {
+            // Partner: the Release store of `flushed_segments` in the
+            // backup's flusher, after the segment's fsync.
+            let blocked = self
+                .backups
+                .iter()
+                .copied()
+                .find(|b| !geometry.writable(end, self.fabric.row(*b).u64_at(cell).load(Ordering::Acquire)));
+            let Some(b) = blocked else { return Ok(()) };
+            if let Err(waited_s) = self.stall(b, &mut spins, &mut started) {
+                let flushed = self.fabric.row(b).u64_at(cell).load(Ordering::Acquire);
+                return Err(format!(
+                    "backup {b} is alive but flushed no segment for {waited_s} s (it has {flushed} on disk; the write needs segment {} and the ring holds {})",
+                    geometry.segment_of(end.max(1) - 1),
+                    geometry.segments_max
+                ));
+            }
+        }
+    }
+
+    /// One idle step while waiting on backup `b`; drops `b` when it died.
+    /// `Err(seconds)` once a live backup made no progress for too long.
+    fn stall(&mut self, b: usize, spins: &mut u32, started: &mut u64) -> Result<(), u64> {
+        *spins += 1;
+        if *spins == 1 {
+            self.count(COUNTER_FLOW_WAITS);
+        }
+        if *spins < 20_000 {
+            std::hint::spin_loop();
+            return Ok(());
+        }
+        if *started == 0 {
+            *started = monotonic_coarse_ns();
+        }
+        if !(self.alive)(b) {
+            self.backups.retain(|x| *x != b);
+            return Ok(());
+        }
+        if monotonic_coarse_ns() - *started > self.stall_ns_max {
+            return Err(self.stall_ns_max / 1_000_000_000);
+        }
+        std::thread::yield_now();
+        Ok(())
+    }
+
+    fn count(&self, id: usize) {
+        let c = self
+            .fabric
+            .row(self.fabric.member_rank())
+            .u64_at(self.layout.counters.offset(id));
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    /// Copy `len` bytes of staging to `position` of every backup's area.
+    fn write_to_backups(&self, position: u64, len: usize) {
+        let me = self.fabric.member_rank();
+        let row = self.fabric.row(me);
+        for &b in &self.backups {
+            let at = self.layout.area_offset(b, position);
+            // SAFETY:
+            // - this is our own row;
+            // - the bytes lie past head[b], which no backup reads before
+            //   the Release store below publishes them, and flow control
+            //   (wait_writable) proved every backup flushed this slot's
+            //   previous segment, so nobody reads it any more;
+            // - no other slice of these bytes is alive (single writer).
+            let dst = unsafe { row.bytes_mut(at, len) };
+            dst.copy_from_slice(&self.staging[..len]);
+        }
+    }
+
+    fn publish(&self, new_head: u64, range_from: u64) -> Result<(), String> {
+        let me = self.fabric.member_rank();
+        let row = self.fabric.row(me);
+        for &b in &self.backups {
+            let at = self.layout.area_offset(b, range_from);
+            let end = self.layout.area_offset(b, new_head - 1) + 1;
+            let peer = PeerSet(1 << b);
+            if end > at {
+                self.fabric.push(at..end, peer).map_err(|e| e.to_string())?;
+            }
+            // Partner: the Acquire load of head[b] by backup b (flusher,
+            // rpc copier, seal). Store after the bytes, push after them.
+            row.u64_at(self.layout.head.offset(b))
+                .store(new_head, Ordering::Release);
+            let cell = self.layout.head.offset(b);
+            self.fabric.push(cell..cell + 8, peer).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// RPC mode: wait until every backup replied (copied up to `head`).
+    fn wait_replies(&mut self, head: u64) -> Result<(), String> {
+        let mut i = 0;
+        let mut spins = 0u32;
+        let mut started = 0u64;
+        while i < self.backups.len() {
+            let b = self.backups[i];
+            // Partner: the Release store of the backup's own head[b] (its
+            // reply) in the rpc copier.
+            let copied = self
+                .fabric
+                .row(b)
+                .u64_at(self.layout.head.offset(b))
+                .load(Ordering::Acquire);
+            if copied >= head {
+                i += 1;
+                continue;
+            }
+            let before = self.backups.len();
+            self.stall(b, &mut spins, &mut started)
+                .map_err(|s| format!("backup {b} is alive but did not reply for {s} s"))?;
+            if self.backups.len() < before {
+                continue;
+            }
+        }
+        Ok(())
+    }
+
+    /// Append one record; returns when it is acknowledged (see module docs).
+    pub fn append_record(&mut self, kind: RecordKind, key: &[u8], value: &[u8], version: u64) -> Result<(), String> {
+        self.append_in_batch(kind, key, value, version, 0)
+    }
+
+    /// Append one record of a batch that has `batch_rest` more records
+    /// after it (replay applies a batch whole or not at all).
+    pub fn append_in_batch(
+        &mut self,
+        kind: RecordKind,
+        key: &[u8],
+        value: &[u8],
+        version: u64,
+        batch_rest: u32,
+    ) -> Result<(), String> {
+        if self.backups.is_empty() {
+            return Err("no live backup left: writes are refused rather than left unreplicated".into());
+        }
+        let len = encoded_len(key.len(), value.len());
+        if len > self.staging.len() {
+            return Err(format!(
+                "record of {len} bytes is larger than the largest allowed ({})",
+                self.staging.len()
+            ));
+        }
+        let placement = self.layout.geometry.place(self.head, len);
+        self.wait_writable(placement.new_head)?;
+        let from = match placement.pad_at {
+            Some(pad) => {
+                let n = encode_into(
+                    &mut self.staging,
+                    &RecordFields::single(RecordKind::Pad, self.epoch, pad, 0, &[], &[]),
+                );
+                debug_assert_eq!(n, HEADER_BYTES);
+                self.write_to_backups(pad, n);
+                pad
+            }
+            None => placement.record_at,
+        };
+        let n = encode_into(
+            &mut self.staging,
+            &RecordFields {
+                kind,
+                epoch: self.epoch,
+                position: placement.record_at,
+                version,
+                key,
+                value,
+                batch_rest,
+            },
+        );
+        self.write_to_backups(placement.record_at, n);
+        if from != placement.record_at {
+            // The pad sits in the previous segment: push it on its own.
+            self.publish_range(from, from + HEADER_BYTES as u64)?;
+        }
+        self.publish(placement.new_head, placement.record_at)?;
+        self.head = placement.new_head;
+        if self.mode == Mode::Rpc {
+            // A request wakes a parked receiver, as an RPC must.
+            self.fabric.doorbell().ring();
+            self.wait_replies(self.head)?;
+        }
+        self.count(COUNTER_APPENDS);
+        Ok(())
+    }
+
+    /// Fault injection (tests and `spindle sim`-style checks): behave as
+    /// a master that dies in the middle of an append — write only the
+    /// first `cut_bytes` of the record, to the first `backups_reached`
+    /// backups, and publish nothing. The caller then drops the master
+    /// (its member leaves: the backups see it gone).
+    pub fn append_torn(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        version: u64,
+        cut_bytes: usize,
+        backups_reached: usize,
+    ) -> Result<(), String> {
+        let len = encoded_len(key.len(), value.len());
+        let placement = self.layout.geometry.place(self.head, len);
+        self.wait_writable(placement.new_head)?;
+        let n = encode_into(
+            &mut self.staging,
+            &RecordFields::single(RecordKind::Put, self.epoch, placement.record_at, version, key, value),
+        );
+        let cut = cut_bytes.min(n);
+        let row = self.fabric.row(self.fabric.member_rank());
+        for &b in self.backups.iter().take(backups_reached) {
+            let at = self.layout.area_offset(b, placement.record_at);
+            // SAFETY: as in write_to_backups: own row, unpublished bytes
+            // that flow control freed, single writer.
+            let dst = unsafe { row.bytes_mut(at, cut) };
+            dst.copy_from_slice(&self.staging[..cut]);
+        }
+        Ok(())
+    }
+
+    fn publish_range(&self, from: u64, to: u64) -> Result<(), String> {
+        for &b in &self.backups {
+            let at = self.layout.area_offset(b, from);
+            self.fabric
+                .push(at..at + (to - from) as usize, PeerSet(1 << b))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+impl<F: Fabric> Replicator for Master<F> {
+    fn append(
+        &mut self,
+        kind: RecordKind,
+        key: &[u8],
+        value: &[u8],
+        version: u64,
+        batch_rest: u32,
+    ) -> Result<(), String> {
+        self.append_in_batch(kind, key, value, version, batch_rest)
+    }
+}

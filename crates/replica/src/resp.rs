@@ -1,0 +1,244 @@
+//! RESP (the Redis serialization protocol), request side: a bounded,
+//! sans-IO parser of client requests and the reply encoders.
+//!
+//! A request is either a multibulk array of bulk strings (what every
+//! client library, `redis-cli` and `redis-benchmark` send):
+//!
+//! ```text
+//!  *<argc>\r\n  then argc × ( $<len>\r\n <len bytes> \r\n )
+//! ```
+//!
+//! or an inline command (`PING\r\n`, as typed into telnet): one line of
+//! words separated by spaces. The parser never allocates per request: it
+//! writes the argument ranges into a caller-owned vector. Every length is
+//! bounded by [`Limits`]; anything over a bound or malformed is a protocol
+//! error, answered with `-ERR Protocol error: …` before the connection is
+//! closed, as Redis does.
+//!
+//! ```
+//! use spindle_replica::resp::{parse_request, Limits};
+//! let stream = b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\nPING\r\n";
+//! let mut args = Vec::new();
+//! let used = parse_request(stream, &Limits::for_values(1024), &mut args).unwrap().unwrap();
+//! assert_eq!((&stream[args[0].clone()], &stream[args[1].clone()]), (&b"GET"[..], &b"k"[..]));
+//! assert_eq!(parse_request(&stream[used..], &Limits::for_values(1024), &mut args).unwrap(), Some(6));
+//! ```
+
+use std::ops::Range;
+
+/// Bounds on what one request may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Arguments in one request (command name included).
+    pub args_max: usize,
+    /// Bytes of one bulk string.
+    pub bulk_bytes_max: usize,
+    /// Bytes of one inline command line.
+    pub inline_bytes_max: usize,
+}
+
+impl Limits {
+    /// Defaults sized for values up to `value_bytes_max`.
+    pub fn for_values(value_bytes_max: usize) -> Limits {
+        Limits {
+            args_max: 1 + 2 * 1024,
+            bulk_bytes_max: value_bytes_max.max(crate::record::KEY_BYTES_MAX),
+            inline_bytes_max: 64 * 1024,
+        }
+    }
+}
+
+/// A malformed or oversized request. The text is what Redis says.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("Protocol error: {0}")]
+pub struct ProtocolError(pub String);
+
+/// Parse one request from the front of `buf`. On success returns the
+/// bytes it used, with the arguments' ranges (into `buf`) in `args`;
+/// `Ok(None)` when `buf` does not hold a whole request yet. An empty
+/// inline line is consumed and yields no arguments.
+pub fn parse_request(
+    buf: &[u8],
+    limits: &Limits,
+    args: &mut Vec<Range<usize>>,
+) -> Result<Option<usize>, ProtocolError> {
+    args.clear();
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    if buf[0] != b'*' {
+        return parse_inline(buf, limits, args);
+    }
+    let Some((argc, mut at)) = read_number_line(buf, 1, limits.inline_bytes_max)? else {
+        return Ok(None);
+    };
+    if argc > limits.args_max as i64 {
+        return Err(ProtocolError(format!(
+            "invalid multibulk length ({argc} arguments, at most {})",
+            limits.args_max
+        )));
+    }
+    if argc <= 0 {
+        return Ok(Some(at));
+    }
+    for _ in 0..argc {
+        if at >= buf.len() {
+            return Ok(None);
+        }
+        if buf[at] != b'$' {
+            return Err(ProtocolError(format!("expected '$', got '{}'", buf[at].escape_ascii())));
+        }
+        let Some((len, body)) = read_number_line(buf, at + 1, limits.inline_bytes_max)? else {
+            return Ok(None);
+        };
+        if len < 0 || len as u64 > limits.bulk_bytes_max as u64 {
+            return Err(ProtocolError(format!(
+                "invalid bulk length ({len} bytes, at most {})",
+                limits.bulk_bytes_max
+            )));
+        }
+        let end = body + len as usize;
+        if buf.len() < end + 2 {
+            return Ok(None);
+        }
+        if &buf[end..end + 2] != b"\r\n" {
+            return Err(ProtocolError("bulk string not followed by CRLF".into()));
+        }
+        args.push(body..end);
+        at = end + 2;
+    }
+    Ok(Some(at))
+}
+
+/// `<digits>\r\n` starting at `from`: the number and the index after it.
+fn read_number_line(buf: &[u8], from: usize, line_max: usize) -> Result<Option<(i64, usize)>, ProtocolError> {
+    let window = &buf[from.min(buf.len())..buf.len().min(from + 32)];
+    let Some(cr) = window.iter().position(|b| *b == b'\r') else {
+        if window.len() >= 32.min(line_max) {
+            return Err(ProtocolError("length line too long".into()));
+        }
+        return Ok(None);
+    };
+    if from + cr + 1 >= buf.len() {
+        return Ok(None);
+    }
+    if buf[from + cr + 1] != b'\n' {
+        return Err(ProtocolError("length line not ended by CRLF".into()));
+    }
+    let digits = &window[..cr];
+    let text = std::str::from_utf8(digits).map_err(|_| ProtocolError("length is not a number".into()))?;
+    let n: i64 = text
+        .parse()
+        .map_err(|_| ProtocolError(format!("invalid length '{}'", text.escape_default())))?;
+    Ok(Some((n, from + cr + 2)))
+}
+
+fn parse_inline(buf: &[u8], limits: &Limits, args: &mut Vec<Range<usize>>) -> Result<Option<usize>, ProtocolError> {
+    let scan = &buf[..buf.len().min(limits.inline_bytes_max + 1)];
+    let Some(nl) = scan.iter().position(|b| *b == b'\n') else {
+        if scan.len() > limits.inline_bytes_max {
+            return Err(ProtocolError("too big inline request".into()));
+        }
+        return Ok(None);
+    };
+    let line_end = if nl > 0 && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
+    let mut i = 0;
+    while i < line_end {
+        while i < line_end && (buf[i] == b' ' || buf[i] == b'\t') {
+            i += 1;
+        }
+        let start = i;
+        while i < line_end && buf[i] != b' ' && buf[i] != b'\t' {
+            i += 1;
+        }
+        if i > start {
+            if args.len() == limits.args_max {
+                return Err(ProtocolError("too many arguments in inline request".into()));
+            }
+            args.push(start..i);
+        }
+    }
+    Ok(Some(nl + 1))
+}
+
+/// Reply encoders (append to an output buffer).
+pub mod reply {
+    use std::io::Write;
+
+    pub fn simple(out: &mut Vec<u8>, s: &str) {
+        out.push(b'+');
+        out.extend_from_slice(s.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    /// `-<message>\r\n`; the message must not hold CR or LF.
+    pub fn error(out: &mut Vec<u8>, message: &str) {
+        out.push(b'-');
+        out.extend(message.bytes().map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
+        out.extend_from_slice(b"\r\n");
+    }
+    pub fn integer(out: &mut Vec<u8>, n: i64) {
+        let _ = write!(out, ":{n}\r\n");
+    }
+    pub fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+        let _ = write!(out, "${}\r\n", bytes.len());
+        out.extend_from_slice(bytes);
+        out.extend_from_slice(b"\r\n");
+    }
+    pub fn null(out: &mut Vec<u8>) {
+        out.extend_from_slice(b"$-1\r\n");
+    }
+    pub fn array_header(out: &mut Vec<u8>, len: usize) {
+        let _ = write!(out, "*{len}\r\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Parsed = Option<(usize, Vec<Vec<u8>>)>;
+
+    fn parse(buf: &[u8]) -> Result<Parsed, ProtocolError> {
+        let mut args = Vec::new();
+        let limits = Limits::for_values(1024);
+        Ok(
+            parse_request(buf, &limits, &mut args)?
+                .map(|n| (n, args.iter().map(|r| buf[r.clone()].to_vec()).collect())),
+        )
+    }
+
+    #[test]
+    fn multibulk_and_pipelining() {
+        let two = b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1\r\n$4\r\nPING\r\n";
+        let (n, args) = parse(two).unwrap().unwrap();
+        assert_eq!(args, vec![b"GET".to_vec(), b"k".to_vec()]);
+        let (m, args) = parse(&two[n..]).unwrap().unwrap();
+        assert_eq!((n + m, args), (two.len(), vec![b"PING".to_vec()]));
+    }
+
+    #[test]
+    fn every_prefix_is_incomplete_not_an_error() {
+        let req = b"*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$5\r\nvalue\r\n";
+        for cut in 0..req.len() {
+            assert_eq!(parse(&req[..cut]).unwrap(), None, "prefix of {cut} bytes");
+        }
+    }
+
+    #[test]
+    fn inline_commands() {
+        let (n, args) = parse(b"SET  a b\r\nGET a\n").unwrap().unwrap();
+        assert_eq!((n, args), (10, vec![b"SET".to_vec(), b"a".to_vec(), b"b".to_vec()]));
+        assert_eq!(parse(b"\r\n").unwrap(), Some((2, vec![])));
+    }
+
+    #[test]
+    fn oversized_and_malformed_are_protocol_errors() {
+        assert!(parse(b"*99999\r\n").is_err());
+        assert!(parse(b"*1\r\n$99999\r\n").is_err());
+        assert!(parse(b"*1\r\n:3\r\n").is_err());
+        assert!(parse(b"*1\r\n$-5\r\n").is_err());
+        assert!(parse(b"*x\r\n").is_err());
+        assert!(parse(b"*1\r\n$1\r\nab\r\n").is_err());
+        assert!(parse(&[b'a'; 70_000]).is_err());
+    }
+}
