@@ -1,0 +1,130 @@
+//! End-to-end tests of `spindle rt …`: real member processes on shared
+//! memory. Timing is never asserted (this may be a loaded shared VM);
+//! what is asserted: the commands run, the JSON has its documented keys,
+//! the clock's true time stays inside its reported interval, misses are
+//! counted, and bad input fails with a message naming the bad value.
+
+use std::process::{Command, Output, Stdio};
+
+fn spindle() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_spindle"))
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("run spindle")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("json written")).expect("valid json")
+}
+
+fn assert_summary(v: &serde_json::Value, key: &str) {
+    for q in ["p50", "p99", "max"] {
+        assert!(v[key][q].is_u64(), "{key}.{q} missing in {v}");
+    }
+}
+
+#[test]
+fn ring_runs_and_reports_the_documented_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ring.json");
+    let plot = dir.path().join("ring.svg");
+    let out = run(spindle()
+        .args(["rt", "ring", "--periods", "20", "--period-us", "20000", "--no-fifo"])
+        // A loaded machine without SCHED_FIFO: budgets that do not depend on it.
+        .args([
+            "--jitter-samples",
+            "20",
+            "--declared-jitter-us",
+            "0",
+            "--clock-budget-us",
+            "500",
+            "--json",
+        ])
+        .arg(&path)
+        .arg("--plot")
+        .arg(&plot));
+    assert!(out.status.success(), "ring failed: {}", text(&out));
+    let v = json(&path);
+    assert_eq!(v["periods"], 20);
+    assert!(v["missed"].is_u64() && v["late"].is_u64(), "{v}");
+    assert_summary(&v, "latency_ns");
+    assert_summary(&v, "jitter_ns");
+    assert_summary(&v, "release_jitter_ns");
+    assert_eq!(
+        v["tasks"].as_array().unwrap().len(),
+        9,
+        "the 9 tasks of the ring are printed and recorded"
+    );
+    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+}
+
+#[test]
+fn clock_keeps_the_true_time_inside_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("clock.json");
+    let out = run(spindle()
+        .args([
+            "rt",
+            "clock",
+            "--members",
+            "3",
+            "--duration-s",
+            "1",
+            "--sample-ms",
+            "5",
+            "--no-fifo",
+        ])
+        .args(["--jumps", "2:500:300", "--json"])
+        .arg(&path));
+    assert!(out.status.success(), "clock failed: {}", text(&out));
+    let v = json(&path);
+    assert_summary(&v, "error_ns");
+    assert!(v["bound_ns_max"].is_u64(), "{v}");
+    assert_eq!(v["outside_bound"], 0, "true time outside the reported interval: {v}");
+    assert!(v["samples"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn table_5_1_is_judged_and_run_anyway() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t51.json");
+    let out = run(spindle()
+        .args(["rt", "ring", "--params", "table-5.1", "--periods", "10", "--no-fifo"])
+        .args(["--jitter-samples", "10", "--clock-budget-us", "500", "--json"])
+        .arg(&path));
+    assert!(out.status.success(), "table-5.1 ring failed: {}", text(&out));
+    let v = json(&path);
+    // Receive tasks start before their send's deadline: admission says so.
+    assert_eq!(v["admitted"], false, "{v}");
+    let verdicts = v["verdicts"].to_string();
+    assert!(verdicts.contains("rejected"), "{verdicts}");
+}
+
+#[test]
+fn bad_input_names_the_bad_value() {
+    for (args, needle) in [
+        (vec!["rt", "ring", "--size", "0"], "--size 0"),
+        (vec!["rt", "ring", "--params", "fast"], "'fast'"),
+        (vec!["rt", "latency", "--sizes", "4"], "4"),
+        (vec!["rt", "latency", "--sizes", "8,x"], "'x'"),
+        (vec!["rt", "compare", "--period-us", "100"], "--period-us 100"),
+        (vec!["rt", "clock", "--jumps", "0:10:5"], "node 0"),
+        (vec!["rt", "clock", "--drift-ppm", "0,900"], "900"),
+    ] {
+        let out = run(spindle().args(&args));
+        assert!(!out.status.success(), "{args:?} should fail");
+        let t = text(&out);
+        assert!(t.contains(needle), "{args:?}: '{needle}' not in: {t}");
+        assert!(!t.contains("panicked"), "{args:?} panicked: {t}");
+        assert!(!t.contains("spawn"), "{args:?} got as far as spawning members: {t}");
+    }
+}

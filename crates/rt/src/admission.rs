@@ -1,0 +1,485 @@
+//! Admission control: a per-node EDF processor-demand test over every
+//! channel task and registered computation task of the node.
+//!
+//! Every deadline is first *shortened* by the margins the runtime cannot
+//! avoid: the global clock's error bound (a node may release a job up to
+//! that much late in global time) and the dispatcher's measured release
+//! jitter. With `D' = D − clock_error_bound − release_jitter`:
+//!
+//! 1. each task needs `C ≤ D'` (else: "compute exceeds shortened deadline");
+//! 2. utilization `Σ C/T ≤ 1`;
+//! 3. the processor-demand criterion with release offsets: for every
+//!    window `[t1, t2]` with `t1` a release and `t2` a deadline inside the
+//!    feasibility interval `[0, O_max + 2H)` (H = hyperperiod; Leung and
+//!    Merrill), the work of jobs released at or after `t1` with deadlines
+//!    at or before `t2`, plus the longest job that may already be running
+//!    at `t1` with a later deadline (the dispatcher does not preempt a
+//!    running job), fits: `demand + blocking ≤ t2 − t1`.
+//!
+//! The test is pure and bounded: at most [`JOBS_MAX`] jobs in the interval,
+//! else the set is rejected as too long to check (never a long stall).
+//! Cross-node rules (a channel's receive must come after its send's
+//! deadline plus twice the clock bound) are in [`check_channel_order`].
+
+use crate::qos::{QosError, TaskSpec};
+
+/// Most jobs the demand test enumerates in the feasibility interval.
+pub const JOBS_MAX: usize = 2_048;
+
+/// The margins every deadline is shortened by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Margins {
+    /// The global clock's error bound (half-width of `now()`'s interval).
+    pub clock_error_bound_ns: u64,
+    /// The dispatcher's measured release jitter (start − release).
+    pub release_jitter_ns: u64,
+}
+
+impl Margins {
+    pub fn total_ns(&self) -> u64 {
+        self.clock_error_bound_ns.saturating_add(self.release_jitter_ns)
+    }
+}
+
+/// Why a task set was rejected. Always names the task.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RejectReason {
+    #[error("invalid task: {0}")]
+    Invalid(QosError),
+    #[error("compute {compute_ns} ns exceeds the shortened deadline {deadline_effective_ns} ns (deadline {deadline_ns} ns − clock bound {clock_error_bound_ns} ns − release jitter {release_jitter_ns} ns)")]
+    ComputeExceedsDeadline {
+        compute_ns: u64,
+        deadline_ns: u64,
+        deadline_effective_ns: i64,
+        clock_error_bound_ns: u64,
+        release_jitter_ns: u64,
+    },
+    #[error("utilization {utilization_ppm} ppm exceeds 1,000,000 ppm once this task is added")]
+    Utilization { utilization_ppm: u64 },
+    #[error("demand {demand_ns} ns (+ {blocking_ns} ns non-preemptive blocking) exceeds the window [{window_start_ns}, {window_end_ns}) ns of {window_ns} ns ending at this task's deadline")]
+    Demand {
+        window_start_ns: u64,
+        window_end_ns: u64,
+        window_ns: u64,
+        demand_ns: u64,
+        blocking_ns: u64,
+    },
+    #[error(
+        "the feasibility interval holds more than {JOBS_MAX} jobs (hyperperiod {hyperperiod_ns} ns): too long to check"
+    )]
+    TooManyJobs { hyperperiod_ns: u64 },
+    #[error("receive release {receive_release_ns} ns within the period is before the send deadline {send_deadline_ns} ns + 2 × clock bound {clock_error_bound_ns} ns: the message may not be there")]
+    ReceiveBeforeSend {
+        receive_release_ns: u64,
+        send_deadline_ns: u64,
+        clock_error_bound_ns: u64,
+    },
+    #[error("send period {send_period_ns} ns differs from receive period {receive_period_ns} ns")]
+    PeriodMismatch {
+        send_period_ns: u64,
+        receive_period_ns: u64,
+    },
+}
+
+/// A rejection: which task, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("task '{task}' rejected: {reason}")]
+pub struct Rejection {
+    pub task: String,
+    pub reason: RejectReason,
+}
+
+/// What an accepted test found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    pub utilization_ppm: u64,
+    pub hyperperiod_ns: u64,
+    pub jobs_checked: usize,
+    pub windows_checked: u64,
+    /// Smallest `window − demand − blocking` over all windows (slack).
+    pub slack_ns_min: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Job {
+    release_ns: u64,
+    deadline_ns: u64,
+    compute_ns: u64,
+    task: usize,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn reject(task: &TaskSpec, reason: RejectReason) -> Rejection {
+    Rejection {
+        task: task.name.clone(),
+        reason,
+    }
+}
+
+/// Run the node's admission test. All-or-nothing: the first failing task
+/// rejects the whole set.
+pub fn admit_node(tasks: &[TaskSpec], margins: Margins) -> Result<Admitted, Rejection> {
+    let mut utilization_ppm: u64 = 0;
+    let mut hyperperiod_ns: u64 = 1;
+    let mut offset_max_ns: u64 = 0;
+    let mut deadlines_effective = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        task.validate().map_err(|e| reject(task, RejectReason::Invalid(e)))?;
+        let effective = task.qos.deadline_ns as i64 - margins.total_ns() as i64;
+        if effective < task.compute_ns as i64 {
+            return Err(reject(
+                task,
+                RejectReason::ComputeExceedsDeadline {
+                    compute_ns: task.compute_ns,
+                    deadline_ns: task.qos.deadline_ns,
+                    deadline_effective_ns: effective,
+                    clock_error_bound_ns: margins.clock_error_bound_ns,
+                    release_jitter_ns: margins.release_jitter_ns,
+                },
+            ));
+        }
+        deadlines_effective.push(effective as u64);
+        utilization_ppm += (task.compute_ns as u128 * 1_000_000).div_ceil(task.qos.period_ns as u128) as u64;
+        if utilization_ppm > 1_000_000 {
+            return Err(reject(task, RejectReason::Utilization { utilization_ppm }));
+        }
+        let period = task.qos.period_ns;
+        hyperperiod_ns = (hyperperiod_ns / gcd(hyperperiod_ns, period))
+            .checked_mul(period)
+            .ok_or_else(|| {
+                reject(
+                    task,
+                    RejectReason::TooManyJobs {
+                        hyperperiod_ns: u64::MAX,
+                    },
+                )
+            })?;
+        offset_max_ns = offset_max_ns.max(task.qos.release_offset_ns);
+    }
+    let horizon_ns = offset_max_ns.saturating_add(hyperperiod_ns.saturating_mul(2));
+    let mut jobs = Vec::new();
+    for (i, task) in tasks.iter().enumerate() {
+        let mut k = 0u64;
+        loop {
+            let release_ns = task.qos.release_ns(0, k);
+            if release_ns >= horizon_ns {
+                break;
+            }
+            if jobs.len() == JOBS_MAX {
+                return Err(reject(task, RejectReason::TooManyJobs { hyperperiod_ns }));
+            }
+            jobs.push(Job {
+                release_ns,
+                deadline_ns: release_ns + deadlines_effective[i],
+                compute_ns: task.compute_ns,
+                task: i,
+            });
+            k += 1;
+        }
+    }
+    let (windows_checked, slack_ns_min) = demand_test(tasks, &mut jobs)?;
+    Ok(Admitted {
+        utilization_ppm,
+        hyperperiod_ns,
+        jobs_checked: jobs.len(),
+        windows_checked,
+        slack_ns_min,
+    })
+}
+
+/// The processor-demand criterion over all (release, deadline) windows.
+fn demand_test(tasks: &[TaskSpec], jobs: &mut [Job]) -> Result<(u64, u64), Rejection> {
+    jobs.sort_by_key(|j| (j.deadline_ns, j.release_ns, j.task));
+    let mut starts: Vec<u64> = jobs.iter().map(|j| j.release_ns).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let mut windows_checked = 0u64;
+    let mut slack_ns_min = u64::MAX;
+    for &t1 in &starts {
+        // Blocking: the longest job that may be running at t1 (released
+        // before, deadline after); it must be one with a deadline after t2
+        // to block (else it is counted in an earlier window's demand).
+        let mut demand_ns = 0u64;
+        for (idx, job) in jobs.iter().enumerate() {
+            if job.deadline_ns <= t1 {
+                continue;
+            }
+            if job.release_ns >= t1 {
+                demand_ns += job.compute_ns;
+            }
+            let t2 = job.deadline_ns;
+            let last_at_t2 = jobs.get(idx + 1).is_none_or(|next| next.deadline_ns != t2);
+            if !last_at_t2 {
+                continue;
+            }
+            let blocking_ns = jobs
+                .iter()
+                .filter(|j| j.release_ns < t1 && j.deadline_ns > t2)
+                .map(|j| j.compute_ns)
+                .max()
+                .unwrap_or(0);
+            windows_checked += 1;
+            let window_ns = t2 - t1;
+            let need_ns = demand_ns + blocking_ns;
+            if need_ns > window_ns {
+                return Err(reject(
+                    &tasks[job.task],
+                    RejectReason::Demand {
+                        window_start_ns: t1,
+                        window_end_ns: t2,
+                        window_ns,
+                        demand_ns,
+                        blocking_ns,
+                    },
+                ));
+            }
+            slack_ns_min = slack_ns_min.min(window_ns - need_ns);
+        }
+    }
+    Ok((windows_checked, slack_ns_min))
+}
+
+/// Cross-node order of one channel: the receiver's release (within the
+/// period) must come after the sender's deadline plus twice the clock
+/// bound (each node may be off by the bound in opposite directions), so
+/// the message is always there when the receive task runs.
+pub fn check_channel_order(send: &TaskSpec, receive: &TaskSpec, clock_error_bound_ns: u64) -> Result<(), Rejection> {
+    if send.qos.period_ns != receive.qos.period_ns {
+        return Err(reject(
+            receive,
+            RejectReason::PeriodMismatch {
+                send_period_ns: send.qos.period_ns,
+                receive_period_ns: receive.qos.period_ns,
+            },
+        ));
+    }
+    let send_deadline_ns = send.qos.release_offset_ns + send.qos.deadline_ns;
+    if receive.qos.release_offset_ns < send_deadline_ns + 2 * clock_error_bound_ns {
+        return Err(reject(
+            receive,
+            RejectReason::ReceiveBeforeSend {
+                receive_release_ns: receive.qos.release_offset_ns,
+                send_deadline_ns,
+                clock_error_bound_ns,
+            },
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qos::{TaskKind, TimeQos};
+    use proptest::prelude::*;
+
+    const US: u64 = 1_000;
+    const MS: u64 = 1_000_000;
+
+    fn task(name: &str, offset: u64, period: u64, compute: u64, deadline: u64) -> TaskSpec {
+        TaskSpec::new(
+            name,
+            TaskKind::Computation,
+            TimeQos::new(offset, period, deadline),
+            compute,
+        )
+    }
+
+    /// Table 5.1, node A: User 0, Channel Send 75, Channel Recv 525 (µs).
+    fn table_5_1_node_a() -> Vec<TaskSpec> {
+        vec![
+            task("A user", 0, 5 * MS, 50 * US, 75 * US),
+            task("A channel send", 75 * US, 5 * MS, 50 * US, 75 * US),
+            task("A channel recv", 525 * US, 5 * MS, 50 * US, 75 * US),
+        ]
+    }
+
+    #[test]
+    fn table_5_1_node_a_is_admitted_with_no_margins() {
+        let a = admit_node(&table_5_1_node_a(), Margins::default()).unwrap();
+        assert_eq!(a.hyperperiod_ns, 5 * MS);
+        assert_eq!(a.utilization_ppm, 30_000);
+        assert_eq!(a.slack_ns_min, 25 * US);
+    }
+
+    #[test]
+    fn table_5_1_is_rejected_once_jitter_eats_the_slack() {
+        let margins = Margins {
+            clock_error_bound_ns: 10 * US,
+            release_jitter_ns: 20 * US,
+        };
+        let r = admit_node(&table_5_1_node_a(), margins).unwrap_err();
+        assert_eq!(r.task, "A user");
+        assert!(matches!(
+            r.reason,
+            RejectReason::ComputeExceedsDeadline {
+                deadline_effective_ns: 45_000,
+                ..
+            }
+        ));
+        assert!(r.to_string().contains("A user"), "{r}");
+    }
+
+    #[test]
+    fn offsets_matter_two_overlapping_tasks_are_rejected_with_the_window() {
+        let tasks = vec![
+            task("a", 0, MS, 60 * US, 100 * US),
+            task("b", 20 * US, MS, 60 * US, 80 * US),
+        ];
+        let r = admit_node(&tasks, Margins::default()).unwrap_err();
+        assert_eq!(r.task, "b");
+        assert!(
+            matches!(
+                r.reason,
+                RejectReason::Demand {
+                    window_start_ns: 0,
+                    window_end_ns: 100_000,
+                    demand_ns: 120_000,
+                    blocking_ns: 0,
+                    ..
+                }
+            ),
+            "{r}"
+        );
+        // Spread apart, the same tasks fit.
+        let tasks = vec![
+            task("a", 0, MS, 60 * US, 100 * US),
+            task("b", 100 * US, MS, 60 * US, 100 * US),
+        ];
+        assert!(admit_node(&tasks, Margins::default()).is_ok());
+    }
+
+    #[test]
+    fn over_utilization_names_the_task_that_tips_it() {
+        let tasks = vec![task("a", 0, MS, 600 * US, MS), task("b", 0, MS, 500 * US, MS)];
+        let r = admit_node(&tasks, Margins::default()).unwrap_err();
+        assert_eq!(r.task, "b");
+        assert!(matches!(
+            r.reason,
+            RejectReason::Utilization {
+                utilization_ppm: 1_100_000
+            }
+        ));
+    }
+
+    #[test]
+    fn non_preemptive_blocking_is_counted() {
+        // A long low-urgency job released just before a short urgent one.
+        let tasks = vec![
+            task("long", 0, MS, 300 * US, MS),
+            task("urgent", 10 * US, MS, 50 * US, 100 * US),
+        ];
+        let r = admit_node(&tasks, Margins::default()).unwrap_err();
+        assert_eq!(r.task, "urgent");
+        assert!(
+            matches!(
+                r.reason,
+                RejectReason::Demand {
+                    blocking_ns: 300_000,
+                    ..
+                }
+            ),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn huge_hyperperiods_are_rejected_not_enumerated() {
+        let tasks = vec![task("a", 0, 1_000_003, 1, 1_000), task("b", 0, 999_983, 1, 1_000)];
+        let r = admit_node(&tasks, Margins::default()).unwrap_err();
+        assert!(matches!(r.reason, RejectReason::TooManyJobs { .. }), "{r}");
+    }
+
+    #[test]
+    fn invalid_tasks_are_rejected_by_name() {
+        let r = admit_node(&[task("bad", 0, 0, 1, 1)], Margins::default()).unwrap_err();
+        assert_eq!(r.task, "bad");
+        assert!(matches!(r.reason, RejectReason::Invalid(_)));
+    }
+
+    #[test]
+    fn channel_order_of_table_5_1_fails_because_receive_precedes_send_deadline() {
+        let send = task("A channel send", 75 * US, 5 * MS, 50 * US, 75 * US);
+        let recv = task("B channel recv", 125 * US, 5 * MS, 50 * US, 75 * US);
+        let r = check_channel_order(&send, &recv, 0).unwrap_err();
+        assert_eq!(r.task, "B channel recv");
+        let recv_late = task("B channel recv", 150 * US, 5 * MS, 50 * US, 75 * US);
+        assert!(check_channel_order(&send, &recv_late, 0).is_ok());
+        assert!(check_channel_order(&send, &recv_late, 1).is_err());
+    }
+
+    /// Reference: non-preemptive EDF simulation over the feasibility
+    /// interval (jobs released at integer µs). If admission accepts, the
+    /// simulation meets every (shortened) deadline.
+    fn simulate_np_edf(tasks: &[TaskSpec], margins: Margins) -> bool {
+        let h: u64 = tasks.iter().map(|t| t.qos.period_ns).fold(1, |a, p| a / gcd(a, p) * p);
+        let horizon = tasks.iter().map(|t| t.qos.release_offset_ns).max().unwrap_or(0) + 2 * h;
+        let mut jobs: Vec<(u64, u64, u64)> = Vec::new();
+        for t in tasks {
+            let mut k = 0;
+            while t.qos.release_ns(0, k) < horizon {
+                let r = t.qos.release_ns(0, k);
+                jobs.push((r, r + t.qos.deadline_ns - margins.total_ns(), t.compute_ns));
+                k += 1;
+            }
+        }
+        jobs.sort();
+        let mut now = 0u64;
+        let mut pending: Vec<(u64, u64, u64)> = Vec::new();
+        let mut next = 0;
+        while next < jobs.len() || !pending.is_empty() {
+            while next < jobs.len() && jobs[next].0 <= now {
+                pending.push(jobs[next]);
+                next += 1;
+            }
+            if pending.is_empty() {
+                now = jobs[next].0;
+                continue;
+            }
+            let i = (0..pending.len()).min_by_key(|&i| pending[i].1).unwrap();
+            let job = pending.swap_remove(i);
+            now += job.2;
+            if now > job.1 {
+                return false;
+            }
+        }
+        true
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn accepted_sets_meet_every_deadline_under_np_edf(
+            specs in proptest::collection::vec((0u64..10, 1u64..4, 1u64..30, 5u64..50), 1..5),
+            jitter in 0u64..5,
+        ) {
+            // Periods from {100, 200, 400} µs, everything in µs.
+            let tasks: Vec<TaskSpec> = specs.iter().enumerate().map(|(i, &(off, p, c, d))| {
+                let period = (100 * US) << (p - 1);
+                let deadline = (d * US * 2).min(period);
+                task(&format!("t{i}"), (off * 10 * US) % period, period, (c * US).min(deadline), deadline)
+            }).collect();
+            let margins = Margins { clock_error_bound_ns: 0, release_jitter_ns: jitter * US };
+            if admit_node(&tasks, margins).is_ok() {
+                prop_assert!(simulate_np_edf(&tasks, margins));
+            }
+        }
+
+        #[test]
+        fn admission_is_monotone_in_margins(c in 1u64..70, d in 70u64..100, j in 0u64..100) {
+            let tasks = vec![task("t", 0, MS, c * US, d * US)];
+            let small = Margins { clock_error_bound_ns: 0, release_jitter_ns: j * US / 2 };
+            let big = Margins { clock_error_bound_ns: 0, release_jitter_ns: j * US };
+            if admit_node(&tasks, big).is_ok() {
+                prop_assert!(admit_node(&tasks, small).is_ok());
+            }
+        }
+    }
+}

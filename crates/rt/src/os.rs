@@ -1,0 +1,152 @@
+//! The thin OS layer of the dispatcher: real-time priority, timer slack,
+//! memory locking, and the hybrid sleep-then-spin release.
+//!
+//! Nothing here is protocol logic; each call says clearly what the OS
+//! granted, so a run can report "SCHED_FIFO 80 granted" or "SCHED_FIFO
+//! refused: EPERM (run as root or grant CAP_SYS_NICE / RLIMIT_RTPRIO)".
+
+use spindle_sst::monotonic_ns;
+
+/// What the OS granted the calling thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RtPrivileges {
+    /// `Ok(priority)` or the reason SCHED_FIFO was refused.
+    pub sched_fifo: Result<i32, String>,
+    pub timer_slack_ns: Option<u64>,
+    pub memory_locked: bool,
+}
+
+impl RtPrivileges {
+    pub fn describe(&self) -> String {
+        let fifo = match &self.sched_fifo {
+            Ok(p) => format!("SCHED_FIFO priority {p} granted"),
+            Err(e) => format!("SCHED_FIFO refused ({e}): releases use the normal scheduler"),
+        };
+        let slack = match self.timer_slack_ns {
+            Some(ns) => format!("timer slack {ns} ns"),
+            None => "timer slack unchanged (prctl refused)".into(),
+        };
+        let lock = if self.memory_locked {
+            "memory locked"
+        } else {
+            "memory not locked"
+        };
+        format!("{fifo}; {slack}; {lock}")
+    }
+}
+
+fn errno_text() -> String {
+    std::io::Error::last_os_error().to_string()
+}
+
+/// Ask for SCHED_FIFO at `priority` (when `want_fifo`), timer slack 1 ns
+/// and locked memory for the calling thread; report what was granted.
+pub fn request_rt_privileges(want_fifo: bool, priority: i32, lock_memory: bool) -> RtPrivileges {
+    let sched_fifo = if want_fifo {
+        let param = libc::sched_param {
+            sched_priority: priority,
+        };
+        // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
+        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+        if rc == 0 {
+            Ok(priority)
+        } else {
+            Err(format!("{}; needs root, CAP_SYS_NICE or RLIMIT_RTPRIO", errno_text()))
+        }
+    } else {
+        Err("not requested (--no-fifo)".into())
+    };
+    // SAFETY: PR_SET_TIMERSLACK takes an unsigned long value; no pointers.
+    let slack_rc = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    let lock_rc = if lock_memory {
+        // SAFETY: mlockall takes flags only.
+        unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) }
+    } else {
+        -1
+    };
+    RtPrivileges {
+        sched_fifo,
+        timer_slack_ns: (slack_rc == 0).then_some(1),
+        memory_locked: lock_rc == 0,
+    }
+}
+
+/// Return the calling thread to SCHED_OTHER (after a run).
+pub fn drop_rt_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: valid sched_param; pid 0 is the calling thread.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) };
+}
+
+/// Sleep until `CLOCK_MONOTONIC` reads `target_mono_ns`: an absolute
+/// `clock_nanosleep` to `spin_ns` before, then spin. Returns the lateness
+/// (now − target) in ns once the target is reached.
+pub fn sleep_until_hybrid(target_mono_ns: u64, spin_ns: u64) -> u64 {
+    let wake_ns = target_mono_ns.saturating_sub(spin_ns);
+    if monotonic_ns() < wake_ns {
+        let ts = libc::timespec {
+            tv_sec: (wake_ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (wake_ns % 1_000_000_000) as libc::c_long,
+        };
+        loop {
+            // SAFETY: `ts` is a valid timespec; the remainder pointer may be
+            // null with TIMER_ABSTIME.
+            let rc =
+                unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
+            if rc != libc::EINTR {
+                break;
+            }
+        }
+    }
+    loop {
+        let now = monotonic_ns();
+        if now >= target_mono_ns {
+            return now - target_mono_ns;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Pin the calling thread to `cpu` (best effort; returns whether it worked).
+pub fn pin_to_cpu(cpu: usize) -> bool {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t and cpu < CPU_SETSIZE is checked.
+    unsafe {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return false;
+        }
+        libc::CPU_SET(cpu, &mut set);
+    }
+    // SAFETY: valid set and size; pid 0 is the calling thread.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hybrid_sleep_never_returns_early() {
+        for spin_ns in [0, 50_000, 10_000_000] {
+            let target = monotonic_ns() + 200_000;
+            sleep_until_hybrid(target, spin_ns);
+            assert!(monotonic_ns() >= target);
+        }
+        // A target in the past returns at once with its lateness.
+        assert!(sleep_until_hybrid(0, 0) > 0);
+    }
+
+    #[test]
+    fn privileges_are_reported_either_way() {
+        let p = std::thread::spawn(|| {
+            let p = request_rt_privileges(false, 10, false);
+            drop_rt_priority();
+            p
+        })
+        .join()
+        .unwrap();
+        assert!(p.sched_fifo.is_err());
+        assert!(p.describe().contains("not requested"));
+    }
+}
