@@ -8,6 +8,7 @@
 mod baseline;
 mod bench;
 mod bench_replica;
+mod config;
 mod demo;
 mod kv;
 mod member;

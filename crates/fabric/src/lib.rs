@@ -10,7 +10,9 @@
 //!
 //! 1. Pushes from one member to one peer become visible in the order they
 //!    were issued.
-//! 2. Bytes within one push may become visible in any order.
+//! 2. Bytes within one push may become visible in any order, but an
+//!    8-aligned `u64` is never torn: a reader sees its old or its new value
+//!    (layers above push several counters in one push).
 //! 3. Therefore a *guard*: write the data, push it, then write a counter
 //!    (an aligned `u64` stored with `Release`) and push it. A reader that
 //!    loads the guard with `Acquire` and sees the new value sees the data.
@@ -30,6 +32,8 @@
 pub mod doorbell;
 pub mod row;
 pub mod shm;
+pub mod sim;
+pub mod tcp;
 
 use std::ops::Range;
 use std::time::Duration;
@@ -106,6 +110,17 @@ pub enum FabricError {
         group: String,
         missing: Vec<usize>,
         waited_ms: u64,
+    },
+    #[error("handshake with {peer} failed: {fault}")]
+    Handshake { peer: String, fault: String },
+    #[error("member {rank} sent a bad frame; its connection was closed: {fault}")]
+    BadFrame { rank: usize, fault: String },
+    #[error("could not connect to member {rank} at {addr} within {waited_ms} ms (last error: {last_error}); is it running and reachable?")]
+    ConnectTimeout {
+        rank: usize,
+        addr: String,
+        waited_ms: u64,
+        last_error: String,
     },
     #[error("{context}: {source}")]
     Io {

@@ -7,7 +7,9 @@
 //!
 //! ```text
 //! conformance_suite!(shm, ShmHarness);
-//! conformance_suite!(tcp, TcpHarness);   // later
+//! conformance_suite!(tcp, TcpHarness);
+//! conformance_suite!(tcp_coalesced, CoalescedTcpHarness);
+//! conformance_suite!(tcp_flushed, FlushedTcpHarness);
 //! ```
 //!
 //! Each member runs on its own thread with its own fabric instance (its own
@@ -30,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use spindle_fabric::shm::{ShmFabric, ShmOptions};
+use spindle_fabric::tcp::{TcpFabric, TcpOptions};
 use spindle_fabric::Fabric;
 
 /// A wait that sees no progress for this long fails (liveness, not speed).
@@ -142,6 +145,189 @@ fn scratch_dir() -> tempfile::TempDir {
 }
 
 conformance_suite!(shm, ShmHarness);
+
+/// A tcp group on loopback: one listener per member, bound to port 0
+/// before any member opens (so the addresses are known and free), with a
+/// shared key. Ports close when the fabrics drop.
+pub struct TcpHarness {
+    options: TcpOptions,
+    listeners: std::sync::Mutex<Vec<Option<std::net::TcpListener>>>,
+}
+
+impl Harness for TcpHarness {
+    type Fabric = TcpFabric;
+
+    const PUSH_CHECKS_RANGE_IN_RELEASE: bool = true;
+
+    fn new_group(test: &str, member_count: usize, row_len_bytes: usize) -> TcpHarness {
+        let listeners: Vec<std::net::TcpListener> = (0..member_count)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
+            .collect();
+        let addresses = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("local address"))
+            .collect();
+        let options = TcpOptions::new(
+            test,
+            row_len_bytes,
+            0xC0_4F_04_3A,
+            addresses,
+            b"conformance key".to_vec(),
+        );
+        TcpHarness {
+            options,
+            listeners: std::sync::Mutex::new(listeners.into_iter().map(Some).collect()),
+        }
+    }
+
+    fn open(&self, rank: usize) -> TcpFabric {
+        let listener = self.listeners.lock().expect("listeners")[rank]
+            .take()
+            .expect("open once per rank");
+        TcpFabric::open_with_listener(&self.options, rank, listener)
+            .unwrap_or_else(|e| panic!("open member {rank} of tcp group {}: {e}", self.options.group))
+    }
+}
+
+conformance_suite!(tcp, TcpHarness);
+
+/// The tcp fabric with coalescing on, used the way the group layer uses
+/// it: pushes are buffered and go out when the doorbell rings, which this
+/// wrapper does after every guard-sized push (the scenarios push data,
+/// then an 8-byte guard or acknowledgement).
+pub struct CoalescedTcp {
+    fabric: TcpFabric,
+    /// Flush explicitly (`TcpOptions::flush_on_ring` off) instead of ringing.
+    explicit_flush: bool,
+}
+
+impl Fabric for CoalescedTcp {
+    fn member_rank(&self) -> usize {
+        self.fabric.member_rank()
+    }
+    fn member_count(&self) -> usize {
+        self.fabric.member_count()
+    }
+    fn row_len_bytes(&self) -> usize {
+        self.fabric.row_len_bytes()
+    }
+    fn row(&self, rank: usize) -> spindle_fabric::RowRef<'_> {
+        self.fabric.row(rank)
+    }
+    fn push(
+        &self,
+        range: std::ops::Range<usize>,
+        peers: spindle_fabric::PeerSet,
+    ) -> Result<(), spindle_fabric::FabricError> {
+        let small = range.len() <= 8;
+        self.fabric.push(range, peers)?;
+        if small && self.explicit_flush {
+            self.fabric.flush();
+        } else if small {
+            self.fabric.doorbell().ring();
+        }
+        Ok(())
+    }
+    fn check_peers(&self) -> Result<(), spindle_fabric::FabricError> {
+        self.fabric.check_peers()
+    }
+    fn joined(&self) -> spindle_fabric::PeerSet {
+        self.fabric.joined()
+    }
+    fn doorbell(&self) -> &dyn spindle_fabric::doorbell::Doorbell {
+        self.fabric.doorbell()
+    }
+    fn describe(&self) -> String {
+        self.fabric.describe()
+    }
+}
+
+pub struct CoalescedTcpHarness(TcpHarness);
+
+impl Harness for CoalescedTcpHarness {
+    type Fabric = CoalescedTcp;
+
+    const PUSH_CHECKS_RANGE_IN_RELEASE: bool = true;
+
+    fn new_group(test: &str, member_count: usize, row_len_bytes: usize) -> CoalescedTcpHarness {
+        let mut h = TcpHarness::new_group(test, member_count, row_len_bytes);
+        h.options.coalesce = true;
+        CoalescedTcpHarness(h)
+    }
+
+    fn open(&self, rank: usize) -> CoalescedTcp {
+        CoalescedTcp {
+            fabric: self.0.open(rank),
+            explicit_flush: false,
+        }
+    }
+}
+
+conformance_suite!(tcp_coalesced, CoalescedTcpHarness);
+
+/// Coalescing with `flush_on_ring` off: pushes go out at an explicit
+/// `TcpFabric::flush` (after every guard-sized push here), as the bench
+/// and `spindle run` flush once per progress pass.
+pub struct FlushedTcpHarness(TcpHarness);
+
+impl Harness for FlushedTcpHarness {
+    type Fabric = CoalescedTcp;
+
+    const PUSH_CHECKS_RANGE_IN_RELEASE: bool = true;
+
+    fn new_group(test: &str, member_count: usize, row_len_bytes: usize) -> FlushedTcpHarness {
+        let mut h = TcpHarness::new_group(test, member_count, row_len_bytes);
+        h.options.coalesce = true;
+        h.options.flush_on_ring = false;
+        FlushedTcpHarness(h)
+    }
+
+    fn open(&self, rank: usize) -> CoalescedTcp {
+        CoalescedTcp {
+            fabric: self.0.open(rank),
+            explicit_flush: true,
+        }
+    }
+}
+
+conformance_suite!(tcp_flushed, FlushedTcpHarness);
+
+/// The simulated fabric in its threaded mode: one world per scenario and a
+/// pump thread that delivers every push after a random delay (up to 5
+/// rounds of 1 µs simulated), cut into up to 4 chunks that arrive in any
+/// order. The deterministic single-thread mode has its own tests in
+/// `sim_fabric.rs`.
+pub struct SimHarness {
+    world: spindle_fabric::sim::SimWorld,
+    _pump: spindle_fabric::sim::SimPump,
+}
+
+impl Harness for SimHarness {
+    type Fabric = spindle_fabric::sim::SimFabric;
+
+    // SimFabric::push checks the range before it snapshots the bytes.
+    const PUSH_CHECKS_RANGE_IN_RELEASE: bool = true;
+
+    fn new_group(test: &str, member_count: usize, row_len_bytes: usize) -> SimHarness {
+        let seed = test
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
+        let mut options = spindle_fabric::sim::SimOptions::new(member_count, row_len_bytes, seed);
+        options.delay_ns_max = 5_000;
+        options.split_chunks_max = 4;
+        let world = spindle_fabric::sim::SimWorld::new(options).expect("a sim world");
+        let pump = world.spawn_pump();
+        SimHarness { world, _pump: pump }
+    }
+
+    fn open(&self, rank: usize) -> spindle_fabric::sim::SimFabric {
+        self.world
+            .open(rank)
+            .unwrap_or_else(|e| panic!("open sim member {rank}: {e}"))
+    }
+}
+
+conformance_suite!(sim, SimHarness);
 
 // ---- the scenarios -------------------------------------------------------
 
