@@ -3,8 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
 use hdrhistogram::Histogram;
@@ -15,6 +14,7 @@ use spindle_group::SenderSet;
 
 use crate::member::{read_samples, MemberSpec};
 use crate::payload::PAYLOAD_BYTES_MIN;
+use crate::procs::MemberProcesses;
 use crate::report::{BenchReport, Machine, MemberResult, Percentiles};
 
 #[derive(Args, Debug, Clone)]
@@ -310,65 +310,30 @@ pub fn tempdir(what: &str) -> Result<PathBuf, String> {
 pub fn run_members(
     spec: &MemberSpec,
     timeout: Duration,
-    mut progress: Option<&mut dyn FnMut(u64)>,
+    progress: Option<&mut dyn FnMut(u64)>,
 ) -> Result<Vec<MemberResult>, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("find own executable: {e}"))?;
     let json = serde_json::to_string(spec).map_err(|e| e.to_string())?;
-    let mut children: Vec<Option<Child>> = Vec::new();
-    for rank in 0..spec.members {
-        let child = Command::new(&exe)
-            .args(["member", "--rank", &rank.to_string(), "--spec", &json])
-            .spawn()
-            .map_err(|e| format!("spawn member {rank}: {e}"));
-        match child {
-            Ok(c) => children.push(Some(c)),
-            Err(e) => {
-                kill_all(&mut children);
-                return Err(e);
-            }
-        }
-    }
+    let procs = MemberProcesses::spawn(spec.members, |rank| {
+        vec![
+            "member".into(),
+            "--rank".into(),
+            rank.to_string(),
+            "--spec".into(),
+            json.clone(),
+        ]
+    })?;
     let config = spec.group_config()?;
     let layout = SmcLayout::new(&config);
-    let started = Instant::now();
-    let mut failure = None;
-    while children.iter().any(|c| c.is_some()) {
-        for (rank, slot) in children.iter_mut().enumerate() {
-            let Some(child) = slot else { continue };
-            match child.try_wait() {
-                Ok(Some(status)) => {
-                    *slot = None;
-                    if !status.success() && failure.is_none() {
-                        failure = Some(format!("member {rank} failed ({status})"));
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => failure = Some(format!("wait for member {rank}: {e}")),
-            }
+    // Without a progress display the coordinator stays off the cores the
+    // members spin on. A failed member: the others see "member N is gone"
+    // and stop within the grace period.
+    let grace = Duration::from_millis(500);
+    match progress {
+        Some(report) => {
+            let mut tick = || report(delivered_so_far(&spec.group, &layout));
+            procs.wait(timeout, grace, Duration::from_millis(20), &mut tick)?
         }
-        if failure.is_some() {
-            // The others see "member N is gone" and stop; make sure of it.
-            std::thread::sleep(Duration::from_millis(500));
-            kill_all(&mut children);
-            break;
-        }
-        if started.elapsed() > timeout {
-            kill_all(&mut children);
-            failure = Some(format!("the run did not finish within {} s", timeout.as_secs()));
-            break;
-        }
-        // Without a progress display the coordinator stays off the cores
-        // the members spin on.
-        match progress.as_mut() {
-            Some(report) => {
-                report(delivered_so_far(&spec.group, &layout));
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            None => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-    if let Some(f) = failure {
-        return Err(f);
+        None => procs.wait(timeout, grace, Duration::from_millis(100), &mut || {})?,
     }
     (0..spec.members)
         .map(|rank| {
@@ -378,13 +343,6 @@ pub fn run_members(
             serde_json::from_str(&text).map_err(|e| format!("member {rank} result: {e}"))
         })
         .collect()
-}
-
-fn kill_all(children: &mut [Option<Child>]) {
-    for child in children.iter_mut().flatten() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
 }
 
 /// Messages delivered so far, summed over members, read from the group's

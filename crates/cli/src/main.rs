@@ -14,6 +14,7 @@ mod kv;
 mod member;
 mod payload;
 mod plot;
+mod procs;
 mod report;
 mod rt;
 mod run;

@@ -12,8 +12,8 @@
 //! the hidden `spindle rt member` subcommand.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use plotters::prelude::*;
@@ -24,6 +24,7 @@ use spindle_rt::scenario::{
     run_member, ClockSample, MemberReport, NodeClockSpec, RunReport, Scenario, ScenarioSpec, StageSpec, Summary,
 };
 
+use crate::procs::MemberProcesses;
 use crate::report::Machine;
 
 const US: u64 = 1_000;
@@ -356,73 +357,26 @@ fn run_members(spec: &ScenarioSpec, timeout: Duration) -> Result<Vec<MemberRepor
 }
 
 fn spawn_and_wait(spec: &ScenarioSpec, timeout: Duration) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| format!("find own executable: {e}"))?;
     let json = serde_json::to_string(spec).map_err(|e| e.to_string())?;
-    let mut children: Vec<Option<Child>> = Vec::new();
-    for rank in 0..spec.members {
-        let child = Command::new(&exe)
-            .args(["rt", "member", "--rank", &rank.to_string(), "--spec", &json])
-            .spawn();
-        match child {
-            Ok(c) => children.push(Some(c)),
-            Err(e) => {
-                kill_all(&mut children);
-                return Err(format!("spawn member {rank}: {e}"));
-            }
-        }
-    }
-    let started = Instant::now();
-    let mut failure = None;
-    while children.iter().any(|c| c.is_some()) {
-        for (rank, slot) in children.iter_mut().enumerate() {
-            let Some(child) = slot else { continue };
-            match child.try_wait() {
-                Ok(Some(status)) => {
-                    *slot = None;
-                    if !status.success() && failure.is_none() {
-                        failure = Some(format!("member {rank} failed ({status}); its error is printed above"));
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => failure = Some(format!("wait for member {rank}: {e}")),
-            }
-        }
-        if failure.is_some() {
-            // The others see the failed member's verdict or its absence and stop.
-            let grace = Instant::now();
-            while children.iter().any(|c| c.is_some()) && grace.elapsed() < Duration::from_secs(5) {
-                for slot in children.iter_mut() {
-                    if let Some(c) = slot {
-                        if let Ok(Some(_)) = c.try_wait() {
-                            *slot = None;
-                        }
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            kill_all(&mut children);
-            break;
-        }
-        if started.elapsed() > timeout {
-            kill_all(&mut children);
-            failure = Some(format!("the run did not finish within {} s", timeout.as_secs()));
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let procs = MemberProcesses::spawn(spec.members, |rank| {
+        vec![
+            "rt".into(),
+            "member".into(),
+            "--rank".into(),
+            rank.to_string(),
+            "--spec".into(),
+            json.clone(),
+        ]
+    })?;
+    // The others see the failed member's verdict or its absence and stop.
+    let result = procs.wait(timeout, Duration::from_secs(5), Duration::from_millis(100), &mut || {});
+    let failure = result.err();
     let shm = Path::new("/dev/shm").join(format!("spindle-{}", spec.group));
     if failure.is_some() && shm.exists() {
         // Members were killed: nobody removed the group file.
         let _ = std::fs::remove_file(&shm);
     }
     failure.map_or(Ok(()), Err)
-}
-
-fn kill_all(children: &mut [Option<Child>]) {
-    for child in children.iter_mut().flatten() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
 }
 
 /// Release jitter of this machine, measured here (with SCHED_FIFO when
