@@ -14,7 +14,7 @@ use spindle_group::SenderSet;
 
 use crate::member::{read_samples, MemberSpec};
 use crate::payload::PAYLOAD_BYTES_MIN;
-use crate::procs::MemberProcesses;
+use crate::procs::{read_results, MemberProcesses};
 use crate::report::{BenchReport, Machine, MemberResult, Percentiles};
 
 #[derive(Args, Debug, Clone)]
@@ -335,14 +335,7 @@ pub fn run_members(
         }
         None => procs.wait(timeout, grace, Duration::from_millis(100), &mut || {})?,
     }
-    (0..spec.members)
-        .map(|rank| {
-            let path = MemberSpec::result_path(&spec.result_dir, rank);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| format!("member {rank} left no result ({}): {e}", path.display()))?;
-            serde_json::from_str(&text).map_err(|e| format!("member {rank} result: {e}"))
-        })
-        .collect()
+    read_results(spec.members, |rank| MemberSpec::result_path(&spec.result_dir, rank))
 }
 
 /// Messages delivered so far, summed over members, read from the group's

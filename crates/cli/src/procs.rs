@@ -2,8 +2,25 @@
 //! together, watched together, and never left behind (dropping the set
 //! kills whatever still runs).
 
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+
+/// Read the JSON result file that each of `count` members left at
+/// `path(rank)`; an error names the member whose file is missing or bad.
+pub fn read_results<T: serde::de::DeserializeOwned>(
+    count: usize,
+    path: impl Fn(usize) -> PathBuf,
+) -> Result<Vec<T>, String> {
+    (0..count)
+        .map(|rank| {
+            let path = path(rank);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("member {rank} left no result ({}): {e}", path.display()))?;
+            serde_json::from_str(&text).map_err(|e| format!("member {rank} result: {e}"))
+        })
+        .collect()
+}
 
 /// One child process per member rank, each running this executable.
 pub struct MemberProcesses {

@@ -24,7 +24,7 @@ use spindle_rt::scenario::{
     run_member, ClockSample, MemberReport, NodeClockSpec, RunReport, Scenario, ScenarioSpec, StageSpec, Summary,
 };
 
-use crate::procs::MemberProcesses;
+use crate::procs::{read_results, MemberProcesses};
 use crate::report::Machine;
 
 const US: u64 = 1_000;
@@ -342,16 +342,7 @@ fn run_members(spec: &ScenarioSpec, timeout: Duration) -> Result<Vec<MemberRepor
     let dir = &spec.result_dir;
     std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     let result = spawn_and_wait(spec, timeout);
-    let reports = result.and_then(|()| {
-        (0..spec.members)
-            .map(|rank| {
-                let path = MemberReport::path(&spec.result_dir, rank);
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| format!("member {rank} left no result ({}): {e}", path.display()))?;
-                serde_json::from_str(&text).map_err(|e| format!("member {rank} result: {e}"))
-            })
-            .collect()
-    });
+    let reports = result.and_then(|()| read_results(spec.members, |rank| MemberReport::path(&spec.result_dir, rank)));
     let _ = std::fs::remove_dir_all(&spec.result_dir);
     reports
 }

@@ -3,26 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::{run, spindle, text};
+
 use spindle_group::invariants;
-
-fn spindle() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_spindle"))
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("run spindle")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")

@@ -4,23 +4,8 @@
 //! the clock's true time stays inside its reported interval, misses are
 //! counted, and bad input fails with a message naming the bad value.
 
-use std::process::{Command, Output, Stdio};
-
-fn spindle() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_spindle"))
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("run spindle")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::{run, spindle, text};
 
 fn json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("json written")).expect("valid json")
