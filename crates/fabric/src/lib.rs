@@ -160,6 +160,18 @@ pub trait Fabric: Send + Sync + 'static {
     /// Check that every peer is still there. Slow path (may make a system
     /// call per peer): call it when idle, not per message.
     fn check_peers(&self) -> Result<(), FabricError>;
+    /// Peers known to be gone (crashed, exited, cut off) or to have left,
+    /// all at once (`check_peers` reports only the first). Slow path, like
+    /// `check_peers`. The default asks `check_peers`, so it finds at most
+    /// one; fabrics override it to report every lost peer.
+    fn lost_peers(&self) -> PeerSet {
+        match self.check_peers() {
+            Err(FabricError::PeerGone { rank })
+            | Err(FabricError::PeerLeft { rank })
+            | Err(FabricError::BadFrame { rank, .. }) => PeerSet(1u64 << (rank % MEMBERS_MAX)),
+            _ => PeerSet::default(),
+        }
+    }
     /// Ranks whose members have joined (their rows are live).
     fn joined(&self) -> PeerSet;
     /// The doorbell that parked progress loops wait on.

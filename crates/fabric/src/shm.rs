@@ -504,6 +504,26 @@ impl Fabric for ShmFabric {
         Ok(())
     }
 
+    fn lost_peers(&self) -> PeerSet {
+        let header = self.header();
+        let mut lost = 0u64;
+        for rank in (0..self.member_count).filter(|r| *r != self.rank) {
+            match header.members[rank].state.load(Ordering::Acquire) {
+                SLOT_LEFT => lost |= 1 << rank,
+                SLOT_RUNNING => {
+                    // A failed probe counts as alive: suspicion by heartbeat
+                    // still catches a member that is really gone.
+                    let held = lock_held(&self.file, LOCK_RANK_BASE + rank as i64).unwrap_or(true);
+                    if !held && header.members[rank].state.load(Ordering::Acquire) == SLOT_RUNNING {
+                        lost |= 1 << rank;
+                    }
+                }
+                _ => {}
+            }
+        }
+        PeerSet(lost)
+    }
+
     fn joined(&self) -> PeerSet {
         let header = self.header();
         let mut set = 0u64;

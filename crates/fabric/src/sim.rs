@@ -358,23 +358,41 @@ impl Net {
         });
     }
 
+    fn lost_peers(&self, me: usize) -> PeerSet {
+        let mut lost = 0u64;
+        for rank in (0..self.options.member_count).filter(|r| *r != me) {
+            if self.members[rank].status == Status::Absent {
+                continue;
+            }
+            if self.check_peer(me, rank).is_err() {
+                lost |= 1 << rank;
+            }
+        }
+        PeerSet(lost)
+    }
+
     fn check_peers(&self, me: usize) -> Result<(), FabricError> {
+        for rank in (0..self.options.member_count).filter(|r| *r != me) {
+            self.check_peer(me, rank)?;
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, me: usize, rank: usize) -> Result<(), FabricError> {
         let timeout = self.options.detect_timeout_ns;
         let expired = |since: Option<u64>| since.is_some_and(|t| self.now_ns.saturating_sub(t) >= timeout);
         let n = self.options.member_count;
-        for rank in (0..n).filter(|r| *r != me) {
-            match self.members[rank].status {
-                Status::Left => return Err(FabricError::PeerLeft { rank }),
-                Status::Crashed { at_ns } | Status::Exited { at_ns } if expired(Some(at_ns)) => {
-                    return Err(FabricError::PeerGone { rank })
-                }
-                _ => {}
+        match self.members[rank].status {
+            Status::Left => return Err(FabricError::PeerLeft { rank }),
+            Status::Crashed { at_ns } | Status::Exited { at_ns } if expired(Some(at_ns)) => {
+                return Err(FabricError::PeerGone { rank })
             }
-            for (src, dst) in [(rank, me), (me, rank)] {
-                let link = &self.links[src * n + dst];
-                if expired(link.broken_since_ns) || expired(link.held_since_ns) {
-                    return Err(FabricError::PeerGone { rank });
-                }
+            _ => {}
+        }
+        for (src, dst) in [(rank, me), (me, rank)] {
+            let link = &self.links[src * n + dst];
+            if expired(link.broken_since_ns) || expired(link.held_since_ns) {
+                return Err(FabricError::PeerGone { rank });
             }
         }
         Ok(())
@@ -706,6 +724,10 @@ impl Fabric for SimFabric {
 
     fn check_peers(&self) -> Result<(), FabricError> {
         self.shared.net().check_peers(self.rank)
+    }
+
+    fn lost_peers(&self) -> PeerSet {
+        self.shared.net().lost_peers(self.rank)
     }
 
     fn joined(&self) -> PeerSet {

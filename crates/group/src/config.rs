@@ -95,8 +95,21 @@ pub struct GroupConfig {
     pub idle: IdleStrategy,
     /// How long to wait for every member to join.
     pub join_timeout: Duration,
-    /// How often an idle member checks that its peers are alive.
+    /// How often a member bumps its heartbeat and checks that its peers
+    /// are alive.
     pub peer_check_interval: Duration,
+    /// Membership changes (Derecho's view change): on, a failed member is
+    /// removed and the others go on in a new view; off, a failed member
+    /// stops the others with `MemberGone` (a static group).
+    pub membership: bool,
+    /// A member whose heartbeat has not moved for this long is suspected
+    /// (a member whose process is gone is suspected at once).
+    pub suspect_timeout: Duration,
+    /// The ranks in the first view (default: every rank `0..members`).
+    /// Ranks outside it may join later with [`crate::Group::join_running`].
+    pub initial_members: Option<Vec<usize>>,
+    /// Largest state snapshot a joiner can receive (bytes of the row).
+    pub snapshot_bytes_max: usize,
 }
 
 /// Defaults, shared by the API, the CLI and the docs.
@@ -106,6 +119,10 @@ pub mod defaults {
     pub const SLOT_PAYLOAD_MAX: usize = 10_240;
     pub const JOIN_TIMEOUT_MS: u64 = 10_000;
     pub const PEER_CHECK_INTERVAL_MS: u64 = 10;
+    pub const MEMBERSHIP: bool = true;
+    pub const SUSPECT_TIMEOUT_MS: u64 = 500;
+    pub const SNAPSHOT_BYTES_MAX: usize = 64 << 10;
+    pub const SNAPSHOT_BYTES_MAX_MAX: usize = 64 << 20;
     pub const WINDOW_SLOTS_MAX: usize = 1 << 20;
     pub const SLOT_PAYLOAD_MAX_MAX: usize = 1 << 20;
     /// Ring bytes per sender are capped so a group stays well inside /dev/shm.
@@ -125,7 +142,18 @@ impl GroupConfig {
             idle: IdleStrategy::DEFAULT_BACKOFF,
             join_timeout: Duration::from_millis(defaults::JOIN_TIMEOUT_MS),
             peer_check_interval: Duration::from_millis(defaults::PEER_CHECK_INTERVAL_MS),
+            membership: defaults::MEMBERSHIP,
+            suspect_timeout: Duration::from_millis(defaults::SUSPECT_TIMEOUT_MS),
+            initial_members: None,
+            snapshot_bytes_max: defaults::SNAPSHOT_BYTES_MAX,
         }
+    }
+
+    /// The first view's members (`initial_members`, or every rank).
+    pub fn initial_ranks(&self) -> Vec<usize> {
+        self.initial_members
+            .clone()
+            .unwrap_or_else(|| (0..self.members).collect())
     }
 
     /// Check every value; the error names the first bad one.
@@ -168,6 +196,41 @@ impl GroupConfig {
                 self.slot_payload_max,
                 defaults::SLOT_PAYLOAD_MAX_MAX
             ));
+        }
+        if self.snapshot_bytes_max > defaults::SNAPSHOT_BYTES_MAX_MAX {
+            return bad(format!(
+                "snapshot_bytes_max = {} exceeds {}",
+                self.snapshot_bytes_max,
+                defaults::SNAPSHOT_BYTES_MAX_MAX
+            ));
+        }
+        if self.suspect_timeout < self.peer_check_interval * 2 {
+            return bad(format!(
+                "suspect_timeout = {} ms must be at least twice peer_check_interval = {} ms",
+                self.suspect_timeout.as_millis(),
+                self.peer_check_interval.as_millis()
+            ));
+        }
+        if let Some(initial) = &self.initial_members {
+            if initial.is_empty() {
+                return bad("initial_members: the first view needs at least one member".into());
+            }
+            if let Some(r) = initial.iter().find(|r| **r >= self.members) {
+                return bad(format!(
+                    "initial_members: rank {r} is not a rank of the group (members = {})",
+                    self.members
+                ));
+            }
+            if initial.windows(2).any(|w| w[0] >= w[1]) {
+                return bad(format!(
+                    "initial_members: ranks {initial:?} must be ascending without repeats"
+                ));
+            }
+            if !ranks.iter().any(|r| initial.contains(r)) {
+                return bad(format!(
+                    "initial_members {initial:?}: none of them sends (senders = {ranks:?})"
+                ));
+            }
         }
         let ring_bytes = crate::layout::slot_stride(self.slot_payload_max) * self.window_slots;
         if ring_bytes > defaults::RING_BYTES_MAX {

@@ -27,7 +27,11 @@
 //!    member's released slot + window.
 //!
 //! Total order: message `index` of the sender at position `r` in the
-//! sender list has sequence number `seq = index × senders + r`.
+//! view's sender list has sequence number `seq = index × senders + r`.
+//!
+//! Views: everything above runs within the current view (its members and
+//! senders); [`crate::membership`] changes the view (Derecho's protocol)
+//! and restarts the counters at each install, while ring positions go on.
 
 use std::sync::Arc;
 
@@ -36,6 +40,7 @@ use spindle_fabric::{Fabric, FabricError, PeerSet, RowRef};
 use crate::config::{DeliveryMode, GroupConfig};
 use crate::counters::{self, Counters};
 use crate::layout::{SmcLayout, NULL_COUNT_SKIP, SLOT_HEADER_BYTES};
+use crate::membership::{DeliverOnly, MembershipState, Upcalls, View};
 use crate::send_ring::SendRing;
 use crate::sync::Ordering;
 use crate::GroupError;
@@ -76,40 +81,76 @@ const DELIVERY_BUDGET_PER_SENDER: u64 = 1 << 16;
 const DELIVERY_BYTES_BUDGET: u64 = 256 << 10;
 
 pub struct GroupCore<F: Fabric> {
-    fabric: Arc<F>,
+    pub(crate) fabric: Arc<F>,
     pub(crate) layout: Arc<SmcLayout>,
-    mode: DeliveryMode,
+    pub(crate) mode: DeliveryMode,
     batching: bool,
-    view: u64,
-    my_rank: usize,
-    member_count: usize,
-    peers: PeerSet,
-    sender_ranks: Vec<usize>,
-    my_sender_index: Option<usize>,
+    pub(crate) view: u64,
+    pub(crate) my_rank: usize,
+    /// The current view's members, ascending, and as a mask.
+    pub(crate) view_members: Vec<usize>,
+    pub(crate) view_mask: u64,
+    /// The view's members except this one (SMC pushes go here).
+    pub(crate) peers: PeerSet,
+    /// Every rank except this one (membership pushes go here).
+    pub(crate) everyone: PeerSet,
+    /// The configured senders (ranks); a view's senders are those in it.
+    pub(crate) configured_senders: Vec<usize>,
+    pub(crate) sender_ranks: Vec<usize>,
+    pub(crate) my_sender_index: Option<usize>,
     pub(crate) ring: Option<Arc<SendRing>>,
-    published_slots: u64,
-    next_msg_index: u64,
-    recv_slots: Vec<u64>,
-    recv_msgs: Vec<u64>,
-    deliver_slots: Vec<u64>,
-    delivered_num: u64,
-    received_frontier: u64,
+    /// Ring position of the next slot to publish (monotonic across views).
+    pub(crate) published_slots: u64,
+    /// Ring position where this member's sends in the current view begin.
+    pub(crate) my_base: u64,
+    /// Per view sender: where its sends in this view begin, once its row
+    /// says it runs this view (`smc_view`).
+    pub(crate) sender_base: Vec<Option<u64>>,
+    /// Every member's row runs this view (until then nothing is stable and
+    /// flow control does not move: some member may still be finishing the
+    /// old view's ragged edge in the ring).
+    pub(crate) all_tagged: bool,
+    pub(crate) next_msg_index: u64,
+    /// Per view sender, counted from its base: slots received, messages
+    /// received (nulls included), slots this member is done with.
+    pub(crate) recv_slots: Vec<u64>,
+    pub(crate) recv_msgs: Vec<u64>,
+    pub(crate) deliver_slots: Vec<u64>,
+    pub(crate) delivered_num: u64,
+    pub(crate) received_frontier: u64,
     null_target: u64,
     /// The ring's reservation and back-pressure counts at the last pass:
     /// if either moved, the application is sending and its own messages
     /// will fill its indices, so no nulls.
     app_reserved_seen: u64,
     app_backpressure_seen: u64,
-    flow_limit: u64,
+    pub(crate) flow_limit: u64,
     pub(crate) counters: Counters,
-    peer_check_interval_ns: u64,
-    last_peer_check_ns: u64,
+    pub(crate) peer_check_interval_ns: u64,
+    pub(crate) last_peer_check_ns: u64,
     finished_peers: PeerSet,
+    pub(crate) mship: MembershipState,
 }
 
 impl<F: Fabric> GroupCore<F> {
     /// A member's protocol state over a fabric whose rows follow `layout`.
     pub fn new(fabric: Arc<F>, config: &GroupConfig, layout: SmcLayout) -> Result<GroupCore<F>, GroupError> {
+        let joining = !config.initial_ranks().contains(&fabric.member_rank());
+        GroupCore::build(fabric, config, layout, joining)
+    }
+
+    /// A member that asks to join a running group (see
+    /// [`crate::Group::join_running`]).
+    pub fn new_joiner(fabric: Arc<F>, config: &GroupConfig, layout: SmcLayout) -> Result<GroupCore<F>, GroupError> {
+        GroupCore::build(fabric, config, layout, true)
+    }
+
+    fn build(
+        fabric: Arc<F>,
+        config: &GroupConfig,
+        layout: SmcLayout,
+        joining: bool,
+    ) -> Result<GroupCore<F>, GroupError> {
         config.validate()?;
         if fabric.row_len_bytes() < layout.row.row_len_bytes() || fabric.member_count() != config.members {
             return Err(GroupError::Config(format!(
@@ -121,26 +162,33 @@ impl<F: Fabric> GroupCore<F> {
             )));
         }
         let my_rank = fabric.member_rank();
-        let sender_ranks = config.senders.ranks(config.members);
-        let my_sender_index = sender_ranks.iter().position(|r| *r == my_rank);
-        let senders = sender_ranks.len();
-        let ring = my_sender_index.map(|_| Arc::new(SendRing::new(config.window_slots)));
-        Ok(GroupCore {
-            peers: PeerSet::all_except(my_rank, config.members),
-            member_count: config.members,
+        let configured_senders = config.senders.ranks(config.members);
+        let initial = config.initial_ranks();
+        let ring = configured_senders
+            .contains(&my_rank)
+            .then(|| Arc::new(SendRing::new(config.window_slots)));
+        let mut core = GroupCore {
+            peers: PeerSet::default(),
+            everyone: PeerSet::all_except(my_rank, config.members),
+            view_members: Vec::new(),
+            view_mask: 0,
             my_rank,
             fabric,
             mode: config.mode,
             batching: config.batching,
             view: 0,
-            sender_ranks,
-            my_sender_index,
+            configured_senders,
+            sender_ranks: Vec::new(),
+            my_sender_index: None,
             ring,
             published_slots: 0,
+            my_base: 0,
+            sender_base: Vec::new(),
+            all_tagged: false,
             next_msg_index: 0,
-            recv_slots: vec![0; senders],
-            recv_msgs: vec![0; senders],
-            deliver_slots: vec![0; senders],
+            recv_slots: Vec::new(),
+            recv_msgs: Vec::new(),
+            deliver_slots: Vec::new(),
             delivered_num: 0,
             received_frontier: 0,
             null_target: 0,
@@ -151,8 +199,106 @@ impl<F: Fabric> GroupCore<F> {
             peer_check_interval_ns: config.peer_check_interval.as_nanos() as u64,
             last_peer_check_ns: 0,
             finished_peers: PeerSet::default(),
+            mship: MembershipState::new(config),
             layout: Arc::new(layout),
-        })
+        };
+        if joining {
+            core.start_joining()?;
+        } else {
+            core.start_first_view(&initial)?;
+        }
+        Ok(core)
+    }
+
+    /// Enter the current view's SMC state: senders, counters from zero,
+    /// every peer's base unknown until its row says it runs this view.
+    pub(crate) fn enter_view(&mut self, view: u64, members: &[usize]) {
+        self.view = view;
+        self.view_members = members.to_vec();
+        self.view_mask = members.iter().fold(0u64, |m, r| m | 1 << r);
+        self.peers = PeerSet(self.view_mask & !(1u64 << self.my_rank));
+        self.sender_ranks = self
+            .configured_senders
+            .iter()
+            .copied()
+            .filter(|r| self.view_mask & (1 << r) != 0)
+            .collect();
+        self.my_sender_index = self.sender_ranks.iter().position(|r| *r == self.my_rank);
+        let senders = self.sender_ranks.len();
+        self.my_base = self.published_slots;
+        self.sender_base = vec![None; senders];
+        self.all_tagged = false;
+        self.next_msg_index = 0;
+        self.recv_slots = vec![0; senders];
+        self.recv_msgs = vec![0; senders];
+        self.deliver_slots = vec![0; senders];
+        self.delivered_num = 0;
+        self.received_frontier = 0;
+        self.null_target = 0;
+        self.counters.values[counters::VIEW] = view;
+        // This view's counters in the row start from zero (the tag that
+        // tells peers they are valid is stored after them: `tag_view`).
+        let me = self.row(self.my_rank);
+        let l = &self.layout;
+        me.u64_at(l.received_frontier.offset()).store(0, Ordering::Relaxed);
+        me.u64_at(l.delivered_num.offset()).store(0, Ordering::Relaxed);
+        for i in 0..l.senders {
+            me.u64_at(l.received_num.offset(i)).store(0, Ordering::Relaxed);
+            me.u64_at(l.released_slots.offset(i)).store(0, Ordering::Relaxed);
+        }
+        me.u64_at(l.guard.offset()).store(0, Ordering::Relaxed);
+        me.u64_at(l.base_slot.offset()).store(self.my_base, Ordering::Relaxed);
+    }
+
+    /// Publish that this member's SMC counters belong to the current view:
+    /// the zeroed counters first, then the tag (guard after data).
+    pub(crate) fn tag_view(&mut self) -> Result<(), FabricError> {
+        let guard = self.layout.guard.offset();
+        self.fabric.push(self.layout.progress_range(), self.everyone)?;
+        self.fabric.push(guard..guard + 8, self.everyone)?;
+        let me = self.row(self.my_rank);
+        // Partner: the Acquire loads of `smc_view` in `sender_ready` and
+        // `refresh_tags` of every peer.
+        me.u64_at(self.layout.smc_view.offset())
+            .store(self.view + 1, Ordering::Release);
+        self.fabric.push(self.layout.progress_range(), self.everyone)?;
+        self.fabric.doorbell().ring();
+        Ok(())
+    }
+
+    /// Whether every member of the view runs it (cached once true).
+    #[inline]
+    fn refresh_tags(&mut self) -> bool {
+        if self.all_tagged {
+            return true;
+        }
+        if self.mship.awaiting_snapshot.is_some() {
+            return false;
+        }
+        let tag = self.view + 1;
+        let off = self.layout.smc_view.offset();
+        let all = self
+            .view_members
+            .iter()
+            .all(|&r| self.row(r).u64_at(off).load(Ordering::Acquire) == tag);
+        self.all_tagged = all;
+        all
+    }
+
+    /// The base of view sender `i`, once its row says it runs this view.
+    #[inline]
+    fn sender_ready(&mut self, i: usize) -> Option<u64> {
+        if let Some(base) = self.sender_base[i] {
+            return Some(base);
+        }
+        let row = self.row(self.sender_ranks[i]);
+        // Partner: the Release store of `smc_view` in `tag_view`.
+        if row.u64_at(self.layout.smc_view.offset()).load(Ordering::Acquire) != self.view + 1 {
+            return None;
+        }
+        let base = row.u64_at(self.layout.base_slot.offset()).load(Ordering::Relaxed);
+        self.sender_base[i] = Some(base);
+        Some(base)
     }
 
     pub fn fabric(&self) -> &Arc<F> {
@@ -170,61 +316,97 @@ impl<F: Fabric> GroupCore<F> {
     pub fn view(&self) -> u64 {
         self.view
     }
+    /// The current view's members (ranks, ascending).
+    pub fn members(&self) -> &[usize] {
+        &self.view_members
+    }
+    /// The current view, as the application sees it.
+    pub fn current_view(&self) -> View {
+        self.mship.current.clone()
+    }
 
     #[inline(always)]
-    fn row(&self, rank: usize) -> RowRef<'_> {
+    pub(crate) fn row(&self, rank: usize) -> RowRef<'_> {
         self.fabric.row(rank)
     }
 
     /// One bounded pass (see the module docs). `deliver` is called once per
     /// delivered message, in delivery order.
     pub fn step<D: FnMut(&Delivery<'_>)>(&mut self, now_ns: u64, deliver: &mut D) -> Result<u32, GroupError> {
+        self.step_with(now_ns, &mut DeliverOnly(deliver))
+    }
+
+    /// One bounded pass with every upcall: deliveries, view changes, and
+    /// the snapshot a joiner gets (see [`Upcalls`]).
+    pub fn step_with<U: Upcalls>(&mut self, now_ns: u64, up: &mut U) -> Result<u32, GroupError> {
         let mut work = 0u32;
-        if self.my_sender_index.is_some() {
-            work += self.publish()?;
-        }
-        let received = self.receive(deliver)?;
-        work += received;
-        if self.my_sender_index.is_some() && self.send_nulls_if_blocking() {
-            work += self.publish()?;
-        }
-        if self.mode == DeliveryMode::Ordered {
-            work += self.deliver_stable(deliver)?;
-        }
-        if let Some(si) = self.my_sender_index {
-            self.update_flow_limit(si);
+        if self.smc_running() {
+            if self.my_sender_index.is_some() {
+                work += self.publish()?;
+            }
+            let received = self.receive(up)?;
+            work += received;
+            if self.my_sender_index.is_some() && self.send_nulls_if_blocking() {
+                work += self.publish()?;
+            }
+            if self.mode == DeliveryMode::Ordered {
+                work += self.deliver_stable(up)?;
+            }
+            if let Some(si) = self.my_sender_index {
+                self.update_flow_limit(si);
+            }
+            if work > 0 {
+                // Receiver and delivery batching: counters stored as they
+                // moved, published once per pass.
+                self.push_progress()?;
+            }
         }
         self.counters.add(counters::STEPS, 1);
-        if work > 0 {
-            // Receiver and delivery batching: counters stored as they moved,
-            // published once per pass.
-            self.push_progress()?;
-            self.flush_counters();
-        } else if now_ns.saturating_sub(self.last_peer_check_ns) >= self.peer_check_interval_ns {
+        let timed = now_ns.saturating_sub(self.last_peer_check_ns) >= self.peer_check_interval_ns;
+        if timed {
             self.last_peer_check_ns = now_ns;
-            self.flush_counters();
             let hb = &self.layout.heartbeat;
             self.row(self.my_rank)
                 .u64_at(hb.offset())
                 .fetch_add(1, Ordering::Relaxed);
-            self.check_peers()?;
+            if !self.mship.enabled {
+                self.push_progress()?;
+                self.check_peers()?;
+            }
+        }
+        if self.mship.enabled && (timed || self.mship.busy()) {
+            work += self.membership_step(now_ns, timed, up)?;
+        }
+        if work > 0 || timed {
+            self.flush_counters();
         }
         Ok(work)
     }
 
+    /// Whether the SMC runs this pass: in a view, not wedged, own
+    /// counters published for this view.
+    #[inline(always)]
+    fn smc_running(&self) -> bool {
+        !self.mship.wedged && !self.mship.joining && !self.mship.left && self.mship.awaiting_snapshot.is_none()
+    }
+
     /// Whether a pass would find something to do (cheap; before parking).
     pub fn has_work(&self) -> bool {
+        if self.mship.busy() {
+            return true;
+        }
         if let Some(ring) = &self.ring {
-            if ring.scan(self.published_slots) > 0 {
+            if self.my_sender_index.is_some() && ring.scan(self.published_slots) > 0 {
                 return true;
             }
         }
         for (i, &rank) in self.sender_ranks.iter().enumerate() {
-            if self
-                .row(rank)
-                .u64_at(self.layout.guard.offset())
-                .load(Ordering::Acquire)
-                > self.recv_slots[i]
+            if self.sender_base[i].is_none()
+                || self
+                    .row(rank)
+                    .u64_at(self.layout.guard.offset())
+                    .load(Ordering::Acquire)
+                    > self.recv_slots[i]
             {
                 return true;
             }
@@ -271,7 +453,7 @@ impl<F: Fabric> GroupCore<F> {
                 }
             }
             // Partner: the Acquire load of the guard in `receive_from`.
-            me.u64_at(guard).store(from + n, Ordering::Release);
+            me.u64_at(guard).store(from + n - self.my_base, Ordering::Release);
             self.fabric.push(guard..guard + 8, self.peers)?;
             self.counters.add(counters::PUBLISH_BATCHES, 1);
         } else {
@@ -282,7 +464,7 @@ impl<F: Fabric> GroupCore<F> {
                     }
                 }
                 // Partner: the Acquire load of the guard in `receive_from`.
-                me.u64_at(guard).store(p + 1, Ordering::Release);
+                me.u64_at(guard).store(p + 1 - self.my_base, Ordering::Release);
                 self.fabric.push(guard..guard + 8, self.peers)?;
                 self.counters.add(counters::PUBLISH_BATCHES, 1);
             }
@@ -297,10 +479,10 @@ impl<F: Fabric> GroupCore<F> {
 
     // ---- 2. receive -------------------------------------------------------
 
-    fn receive<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
+    fn receive<U: Upcalls>(&mut self, up: &mut U) -> Result<u32, GroupError> {
         let mut work = 0u32;
         for i in 0..self.sender_ranks.len() {
-            work += self.receive_from(i, deliver);
+            work += self.receive_from(i, up);
         }
         if work > 0 {
             let senders = self.sender_ranks.len() as u64;
@@ -325,7 +507,10 @@ impl<F: Fabric> GroupCore<F> {
     }
 
     /// Drain sender `i` up to its guard. Returns slots consumed.
-    fn receive_from<D: FnMut(&Delivery<'_>)>(&mut self, i: usize, deliver: &mut D) -> u32 {
+    fn receive_from<U: Upcalls>(&mut self, i: usize, up: &mut U) -> u32 {
+        let Some(base) = self.sender_ready(i) else {
+            return 0;
+        };
         let rank = self.sender_ranks[i];
         let fabric = Arc::clone(&self.fabric);
         let row = fabric.row(rank);
@@ -344,7 +529,7 @@ impl<F: Fabric> GroupCore<F> {
         let senders = self.sender_ranks.len() as u64;
         let start = p;
         while p < guard {
-            let off = self.layout.slot_offset(p);
+            let off = self.layout.slot_offset(base + p);
             let null_count = row.u32_at(off + 8).load(Ordering::Relaxed);
             p += 1;
             if null_count == NULL_COUNT_SKIP {
@@ -366,7 +551,7 @@ impl<F: Fabric> GroupCore<F> {
                     // released_slots only after this callback returns).
                     let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
                     let seq = index * senders + i as u64;
-                    deliver(&Delivery {
+                    up.deliver(&Delivery {
                         view: self.view,
                         sender_rank: rank,
                         sender_index: i,
@@ -447,11 +632,15 @@ impl<F: Fabric> GroupCore<F> {
 
     // ---- 4. deliver -------------------------------------------------------
 
-    /// min over members of their receive frontier.
+    /// min over the view's members of their receive frontier (0 until
+    /// every member runs this view).
     pub fn stable(&self) -> u64 {
+        if !self.all_tagged {
+            return 0;
+        }
         let off = self.layout.received_frontier.offset();
         let mut stable = self.received_frontier;
-        for rank in 0..self.member_count {
+        for &rank in &self.view_members {
             if rank != self.my_rank {
                 // Partner: the Release store of the frontier in `receive`.
                 stable = stable.min(self.row(rank).u64_at(off).load(Ordering::Acquire));
@@ -460,11 +649,11 @@ impl<F: Fabric> GroupCore<F> {
         stable
     }
 
-    fn deliver_stable<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
+    fn deliver_stable<U: Upcalls>(&mut self, up: &mut U) -> Result<u32, GroupError> {
         let skipped = self.release_received_skips();
         // Nothing received beyond what is delivered: no peer's frontier can
         // make anything deliverable, so do not pull their cache lines.
-        if self.received_frontier <= self.delivered_num {
+        if self.received_frontier <= self.delivered_num || !self.refresh_tags() {
             return Ok(skipped);
         }
         let stable = self.stable();
@@ -477,6 +666,21 @@ impl<F: Fabric> GroupCore<F> {
         );
         let senders = self.sender_ranks.len() as u64;
         let end = stable.min(self.delivered_num + DELIVERY_BUDGET_PER_SENDER * senders);
+        let delivered = self.deliver_range(end, DELIVERY_BYTES_BUDGET, up)?;
+        self.counters.values[counters::STABLE] = stable;
+        Ok(delivered + skipped)
+    }
+
+    /// Deliver in sequence order from `delivered_num` up to `end` (every
+    /// seq below it received), stopping early after `bytes_budget` payload
+    /// bytes. Returns the positions passed.
+    pub(crate) fn deliver_range<U: Upcalls>(
+        &mut self,
+        end: u64,
+        bytes_budget: u64,
+        up: &mut U,
+    ) -> Result<u32, GroupError> {
+        let senders = self.sender_ranks.len() as u64;
         let start = self.delivered_num;
         let (mut index, mut s) = (start / senders, (start % senders) as usize);
         let (mut delivered, mut bytes) = (0u64, 0u64);
@@ -490,7 +694,7 @@ impl<F: Fabric> GroupCore<F> {
                 // Acquire when receiving it, and stays ours until we store
                 // released_slots past it (after this callback returns).
                 let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
-                deliver(&Delivery {
+                up.deliver(&Delivery {
                     view: self.view,
                     sender_rank: rank,
                     sender_index: s,
@@ -512,7 +716,7 @@ impl<F: Fabric> GroupCore<F> {
                 self.store_delivery_progress();
                 self.push_progress()?;
             }
-            if bytes >= DELIVERY_BYTES_BUDGET {
+            if bytes >= bytes_budget {
                 break;
             }
         }
@@ -521,8 +725,7 @@ impl<F: Fabric> GroupCore<F> {
         self.counters.add(counters::DELIVERY_BATCHES, 1);
         self.counters.add(counters::DELIVERED_MSGS, delivered);
         self.counters.add(counters::DELIVERED_BYTES, bytes);
-        self.counters.values[counters::STABLE] = stable;
-        Ok((q - start) as u32 + skipped)
+        Ok((q - start) as u32)
     }
 
     /// Release received skip slots at the head of each sender's delivery
@@ -534,10 +737,11 @@ impl<F: Fabric> GroupCore<F> {
         let mut released = 0u32;
         let fabric = Arc::clone(&self.fabric);
         for s in 0..self.sender_ranks.len() {
+            let Some(base) = self.sender_base[s] else { continue };
             let row = fabric.row(self.sender_ranks[s]);
             while self.deliver_slots[s] < self.recv_slots[s]
                 && row
-                    .u32_at(self.layout.slot_offset(self.deliver_slots[s]) + 8)
+                    .u32_at(self.layout.slot_offset(base + self.deliver_slots[s]) + 8)
                     .load(Ordering::Relaxed)
                     == NULL_COUNT_SKIP
             {
@@ -557,12 +761,13 @@ impl<F: Fabric> GroupCore<F> {
     #[inline]
     fn advance_cursor(&mut self, row: RowRef<'_>, s: usize, index: u64, seq: u64) -> Option<(usize, usize)> {
         let mut p = self.deliver_slots[s];
+        let base = self.sender_base[s].expect("stability: delivering from a sender whose base is unknown");
         loop {
-            debug_assert!(
+            assert!(
                 p < self.recv_slots[s],
                 "stability: seq {seq} delivered before it was received"
             );
-            let off = self.layout.slot_offset(p);
+            let off = self.layout.slot_offset(base + p);
             let null_count = row.u32_at(off + 8).load(Ordering::Relaxed);
             if null_count == NULL_COUNT_SKIP {
                 p += 1;
@@ -598,7 +803,7 @@ impl<F: Fabric> GroupCore<F> {
         }
     }
 
-    fn push_progress(&self) -> Result<(), FabricError> {
+    pub(crate) fn push_progress(&self) -> Result<(), FabricError> {
         self.fabric.push(self.layout.progress_range(), self.peers)?;
         self.fabric.doorbell().ring();
         Ok(())
@@ -613,14 +818,17 @@ impl<F: Fabric> GroupCore<F> {
         if ring.reserved() + (self.layout.window_slots as u64 / 2) < self.flow_limit {
             return;
         }
+        if !self.refresh_tags() {
+            return;
+        }
         let off = self.layout.released_slots.offset(si);
         let mut released = u64::MAX;
-        for rank in 0..self.member_count {
+        for &rank in &self.view_members {
             // Partner: the Release store in `store_delivery_progress` /
             // `receive_from` of each member.
             released = released.min(self.row(rank).u64_at(off).load(Ordering::Acquire));
         }
-        let limit = released + self.layout.window_slots as u64;
+        let limit = self.my_base + released + self.layout.window_slots as u64;
         if limit > self.flow_limit {
             self.flow_limit = limit;
             self.ring.as_ref().expect("sender ring").set_limit(limit);
@@ -644,7 +852,7 @@ impl<F: Fabric> GroupCore<F> {
         }
     }
 
-    fn peer_finished(&self, rank: usize) -> bool {
+    pub(crate) fn peer_finished(&self, rank: usize) -> bool {
         self.row(rank)
             .u64_at(self.layout.finished.offset())
             .load(Ordering::Acquire)
@@ -665,9 +873,9 @@ impl<F: Fabric> GroupCore<F> {
         Ok(())
     }
 
-    /// Whether every member has marked itself finished.
+    /// Whether every member of the view has marked itself finished.
     pub fn all_finished(&self) -> bool {
-        (0..self.member_count).all(|r| self.peer_finished(r))
+        self.view_members.iter().all(|&r| self.peer_finished(r))
     }
 
     /// Copy the private counters into the row for `spindle stat`.

@@ -3,7 +3,7 @@
 //! member's cooperation. Each is a monotonic `u64`.
 
 /// Counter ids are indices into this list; the ids are stable.
-pub const COUNTER_NAMES: [&str; 16] = [
+pub const COUNTER_NAMES: [&str; 20] = [
     "sent_msgs",           // 0 data messages committed by this member
     "sent_bytes",          // 1
     "nulls_sent",          // 2 null messages (counted one by one)
@@ -20,6 +20,10 @@ pub const COUNTER_NAMES: [&str; 16] = [
     "backpressure",        // 13 sends refused because the window was full
     "steps",               // 14 progress passes
     "stable",              // 15 stability frontier last seen (a position)
+    "views_installed",     // 16 view changes this member went through
+    "trimmed_msgs",        // 17 messages received but beyond a ragged-edge cut (not delivered)
+    "suspicions",          // 18 members this member suspected on its own
+    "view",                // 19 the current view id
 ];
 
 pub const SENT_MSGS: usize = 0;
@@ -38,6 +42,10 @@ pub const YIELDS: usize = 12;
 pub const BACKPRESSURE: usize = 13;
 pub const STEPS: usize = 14;
 pub const STABLE: usize = 15;
+pub const VIEWS_INSTALLED: usize = 16;
+pub const TRIMMED_MSGS: usize = 17;
+pub const SUSPICIONS: usize = 18;
+pub const VIEW: usize = 19;
 
 /// The progress loop's private copy, flushed to the row once per pass.
 #[derive(Clone, Debug, Default)]

@@ -13,6 +13,21 @@ pub enum GroupError {
     MemberGone { rank: usize },
     #[error("the group was stopped")]
     Stopped,
+    #[error("member {rank} is in a minority partition of view {view}: it can reach only {reachable:?} of members {members:?}, not a majority, so it stops rather than split the group")]
+    MinorityPartition {
+        rank: usize,
+        view: u64,
+        reachable: Vec<usize>,
+        members: Vec<usize>,
+    },
+    #[error("member {rank} was removed from the group in view {view}: member {by} suspected it (it was too slow, stopped, or cut off)")]
+    Removed { rank: usize, view: u64, by: usize },
+    #[error("member {rank} fell behind: it is in view {view} but the group has moved on to view {group_view}")]
+    FellBehind { rank: usize, view: u64, group_view: u64 },
+    #[error("state transfer to joiner {rank} failed: {reason}")]
+    StateTransfer { rank: usize, reason: String },
+    #[error("member {rank} could not join group '{group}': {reason}")]
+    JoinFailed { rank: usize, group: String, reason: String },
 }
 
 /// Why a send could not be started.

@@ -11,6 +11,7 @@ use spindle_sst::{monotonic_coarse_ns, Agent, AgentRunner, Idler, ThreadingMode}
 use crate::config::GroupConfig;
 use crate::core::{Delivery, GroupCore};
 use crate::layout::SmcLayout;
+use crate::membership::{Upcalls, View};
 use crate::sender::Sender;
 use crate::GroupError;
 
@@ -37,8 +38,25 @@ impl Group<ShmFabric> {
     /// Join group `config.name` on this host's shared memory as member
     /// `rank`, waiting (up to `config.join_timeout`) for every member.
     pub fn join_shm(config: GroupConfig, rank: usize) -> Result<Group<ShmFabric>, GroupError> {
+        let fabric = Arc::new(Group::open_shm(&config, rank)?);
+        Group::join(fabric, config)
+    }
+
+    /// Join a running group on this host's shared memory as rank `rank`
+    /// (a rank outside the current view: never started, or its member
+    /// died or left), with `app` receiving the state snapshot.
+    pub fn join_running_shm<U: Upcalls>(
+        config: GroupConfig,
+        rank: usize,
+        app: &mut U,
+    ) -> Result<Group<ShmFabric>, GroupError> {
+        let fabric = Arc::new(Group::open_shm(&config, rank)?);
+        Group::join_running(fabric, config, app)
+    }
+
+    fn open_shm(config: &GroupConfig, rank: usize) -> Result<ShmFabric, GroupError> {
         config.validate()?;
-        let layout = SmcLayout::new(&config);
+        let layout = SmcLayout::new(config);
         let mut options = ShmOptions::new(
             &config.name,
             config.members,
@@ -46,22 +64,54 @@ impl Group<ShmFabric> {
             layout.row.tag(),
         );
         options.layout_description = layout.row.summary();
-        let fabric = Arc::new(ShmFabric::open(&options, rank)?);
-        Group::join(fabric, config)
+        Ok(ShmFabric::open(&options, rank)?)
     }
 }
 
 impl<F: Fabric> Group<F> {
-    /// Join over an opened fabric, waiting for every member to join.
+    /// Join over an opened fabric as a member of the first view, waiting
+    /// for every member of the first view to join.
     pub fn join(fabric: Arc<F>, config: GroupConfig) -> Result<Group<F>, GroupError> {
+        config.validate()?;
         let layout = SmcLayout::new(&config);
-        spindle_fabric::wait_all_joined(fabric.as_ref(), &config.name, config.join_timeout)?;
+        let initial = config.initial_ranks();
+        if !initial.contains(&fabric.member_rank()) {
+            return Err(GroupError::Config(format!(
+                "rank {} is not in initial_members {initial:?}: join a running group with join_running",
+                fabric.member_rank()
+            )));
+        }
+        wait_joined(fabric.as_ref(), &config, &initial)?;
         let core = GroupCore::new(fabric, &config, layout)?;
         Ok(Group {
             core,
             idler: Idler::new(config.idle),
             config,
         })
+    }
+
+    /// Join a running group over an opened fabric (a rank outside the
+    /// current view), waiting up to `join_timeout` to be admitted; `app`
+    /// gets the state snapshot and the first view.
+    pub fn join_running<U: Upcalls>(fabric: Arc<F>, config: GroupConfig, app: &mut U) -> Result<Group<F>, GroupError> {
+        config.validate()?;
+        let rank = fabric.member_rank();
+        let mut group = Group::start_join(fabric, config)?;
+        let started = Instant::now();
+        while group.core.is_joining() {
+            group.poll_with_or_idle(app)?;
+            if started.elapsed() > group.config.join_timeout {
+                return Err(GroupError::JoinFailed {
+                    rank,
+                    group: group.config.name.clone(),
+                    reason: format!(
+                        "not admitted within {} ms (is a majority of the group running?)",
+                        group.config.join_timeout.as_millis()
+                    ),
+                });
+            }
+        }
+        Ok(group)
     }
 
     /// A sending handle, if this member is a sender.
@@ -86,6 +136,73 @@ impl<F: Fabric> Group<F> {
     #[inline]
     pub fn poll<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
         self.core.step(monotonic_coarse_ns(), deliver)
+    }
+
+    /// Ask to join a running group without waiting: the returned member
+    /// is admitted by later polls ([`Group::is_joining`] turns false).
+    pub fn start_join(fabric: Arc<F>, config: GroupConfig) -> Result<Group<F>, GroupError> {
+        config.validate()?;
+        let layout = SmcLayout::new(&config);
+        let core = GroupCore::new_joiner(fabric, &config, layout)?;
+        Ok(Group {
+            core,
+            idler: Idler::new(config.idle),
+            config,
+        })
+    }
+
+    /// Whether this member is still waiting to be admitted.
+    pub fn is_joining(&self) -> bool {
+        self.core.is_joining()
+    }
+
+    /// Ask to leave without waiting (see [`Group::leave`]).
+    pub fn request_leave(&mut self) -> Result<(), GroupError> {
+        self.core.request_leave()
+    }
+
+    /// Whether this member has left the group.
+    pub fn has_left(&self) -> bool {
+        self.core.has_left()
+    }
+
+    /// One progress pass with every upcall (deliveries, view changes,
+    /// snapshots: see [`Upcalls`]).
+    #[inline]
+    pub fn poll_with<U: Upcalls>(&mut self, app: &mut U) -> Result<u32, GroupError> {
+        self.core.step_with(monotonic_coarse_ns(), app)
+    }
+
+    /// [`Group::poll_with`], then the idle strategy if it found nothing.
+    #[inline]
+    pub fn poll_with_or_idle<U: Upcalls>(&mut self, app: &mut U) -> Result<u32, GroupError> {
+        let work = self.core.step_with(monotonic_coarse_ns(), app)?;
+        self.idle(work);
+        Ok(work)
+    }
+
+    /// The current view.
+    pub fn view(&self) -> View {
+        self.core.current_view()
+    }
+
+    /// Leave the group: ask for a view without this member and run the
+    /// protocol until it is installed (deliveries up to the old view's
+    /// end go to `app`).
+    pub fn leave<U: Upcalls>(&mut self, app: &mut U, timeout: Duration) -> Result<(), GroupError> {
+        self.core.request_leave()?;
+        let started = Instant::now();
+        while !self.core.has_left() {
+            self.poll_with_or_idle(app)?;
+            if started.elapsed() > timeout {
+                return Err(GroupError::Config(format!(
+                    "the group did not install a view without member {} within {} ms",
+                    self.my_rank(),
+                    timeout.as_millis()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// One pass, then the idle strategy if it found nothing to do.
@@ -146,6 +263,29 @@ impl<F: Fabric> Group<F> {
 }
 
 type Handler = Box<dyn FnMut(&Delivery<'_>) + Send>;
+
+/// Wait until every rank of the first view has joined the fabric.
+fn wait_joined(fabric: &dyn Fabric, config: &GroupConfig, initial: &[usize]) -> Result<(), GroupError> {
+    let want = initial.iter().fold(0u64, |m, r| m | 1 << r);
+    let started = Instant::now();
+    let mut sleep_us = 50u64;
+    loop {
+        let joined = fabric.joined().0;
+        if joined & want == want {
+            return Ok(());
+        }
+        if started.elapsed() >= config.join_timeout {
+            return Err(spindle_fabric::FabricError::JoinTimeout {
+                group: config.name.clone(),
+                missing: spindle_fabric::PeerSet(want & !joined).iter().collect(),
+                waited_ms: config.join_timeout.as_millis() as u64,
+            }
+            .into());
+        }
+        std::thread::sleep(Duration::from_micros(sleep_us));
+        sleep_us = (sleep_us * 2).min(5_000);
+    }
+}
 
 /// A group and its delivery handler as a runtime [`Agent`].
 pub struct GroupAgent<F: Fabric> {

@@ -4,19 +4,28 @@
 //!  row of member m (every member has every column; rings only matter for senders)
 //!  line 0  ┌ received_frontier u64   in-order receive frontier: every seq below it received
 //!          │ delivered_num     u64   every seq below it delivered (nulls included)
-//!          │ heartbeat         u64   bumped while alive (for `spindle stat`)
-//!          └ finished          u64   1 once this member is done and waiting to leave
+//!          │ heartbeat         u64   bumped every heartbeat interval while alive
+//!          │ finished          u64   1 once this member is done and waiting to leave
+//!          │ smc_view          u64   view + 1 whose SMC counters these are (0: none yet)
+//!          └ base_slot         u64   ring position where this member's sends in smc_view begin
 //!  line 1+ ┌ received_num[S]   u64   messages (nulls counted) received from each sender
-//!          └ released_slots[S] u64   ring slots of each sender this member no longer needs
-//!  next    ┌ guard             u64   slots published by this member's ring  (own line)
+//!          └ released_slots[S] u64   ring slots of each sender released, counted from its base_slot
+//!  next    ┌ guard             u64   slots published in this view (from base_slot)  (own line)
+//!  next    ┌ MembershipLine    64 B  installed view, suspicions, wedge, ack, commit, requests
+//!  next    ┌ ProposalLine      64 B  the next view this member proposed (leader) or acked
+//!  next    ┌ snapshot          u64 length + snapshot_bytes_max bytes (state for joiners)
 //!  next    ┌ counters[C]       u64   observability, never pushed (see `counters.rs`)
 //!  next    ┌ ring              window_slots × slot_stride bytes
 //!          │   slot = SlotHeader (16 B) + payload (slot_payload_max), stride 16-aligned
 //! ```
 //!
-//! `S` is the number of senders. Positions are monotonic counts, never
-//! indices into the ring: slot position `p` lives at ring index
-//! `p % window_slots`.
+//! `S` is the largest number of senders a view can have (the configured
+//! senders); in a view, column `i` belongs to the view's `i`-th sender.
+//! Positions are monotonic counts, never indices into the ring: slot
+//! position `p` lives at ring index `p % window_slots`. Within a view, a
+//! sender's guard and every member's `released_slots` count from that
+//! sender's `base_slot`, so the ring continues across views while the
+//! counters start from zero (see [`crate::membership`]).
 
 use spindle_sst::{BytesColumn, LayoutBuilder, RowLayout, U64Column, U64VectorColumn};
 
@@ -58,7 +67,8 @@ pub fn slot_stride(slot_payload_max: usize) -> usize {
 /// the column offsets it builds land exactly on these fields.
 ///
 /// ```text
-///  +0  received_frontier u64 | +8 delivered_num u64 | +16 heartbeat u64 | +24 finished u64 | +32 reserved [u64; 4]
+///  +0  received_frontier u64 | +8 delivered_num u64 | +16 heartbeat u64 | +24 finished u64
+///  +32 smc_view u64          | +40 base_slot u64     | +48 reserved [u64; 2]
 /// ```
 #[repr(C, align(64))]
 pub struct ProgressLine {
@@ -66,7 +76,9 @@ pub struct ProgressLine {
     pub delivered_num: u64,
     pub heartbeat: u64,
     pub finished: u64,
-    pub reserved: [u64; 4],
+    pub smc_view: u64,
+    pub base_slot: u64,
+    pub reserved: [u64; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<ProgressLine>() == 64);
@@ -74,6 +86,83 @@ const _: () = assert!(std::mem::offset_of!(ProgressLine, received_frontier) == 0
 const _: () = assert!(std::mem::offset_of!(ProgressLine, delivered_num) == 8);
 const _: () = assert!(std::mem::offset_of!(ProgressLine, heartbeat) == 16);
 const _: () = assert!(std::mem::offset_of!(ProgressLine, finished) == 24);
+const _: () = assert!(std::mem::offset_of!(ProgressLine, smc_view) == 32);
+const _: () = assert!(std::mem::offset_of!(ProgressLine, base_slot) == 40);
+
+/// The membership state every member publishes (Derecho's view-change
+/// columns), one cache line, pushed to every rank when it changes and with
+/// each heartbeat.
+///
+/// ```text
+///  +0  installed_view u64  the view this member runs
+///  +8  members        u64  that view's members (bit r = rank r); 0: not in any view yet
+///  +16 prev_final_seq u64  the old view's messages below this seq were delivered at install
+///  +24 suspected      u64  ranks this member suspects (its own and spread)
+///  +32 wedged         u64  view + 1 once wedged in that view (0: not wedged)
+///  +40 ack_view       u64  the next view whose proposal this member copied and acknowledged
+///  +48 commit_view    u64  the next view this member committed (leader) or installed
+///  +56 request        u64  REQUEST_JOIN | REQUEST_LEAVE
+/// ```
+#[repr(C, align(64))]
+pub struct MembershipLine {
+    pub installed_view: u64,
+    pub members: u64,
+    pub prev_final_seq: u64,
+    pub suspected: u64,
+    pub wedged: u64,
+    pub ack_view: u64,
+    pub commit_view: u64,
+    pub request: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<MembershipLine>() == 64);
+const _: () = assert!(std::mem::offset_of!(MembershipLine, installed_view) == 0);
+const _: () = assert!(std::mem::offset_of!(MembershipLine, members) == 8);
+const _: () = assert!(std::mem::offset_of!(MembershipLine, prev_final_seq) == 16);
+const _: () = assert!(std::mem::offset_of!(MembershipLine, suspected) == 24);
+const _: () = assert!(std::mem::offset_of!(MembershipLine, wedged) == 32);
+const _: () = assert!(std::mem::offset_of!(MembershipLine, ack_view) == 40);
+const _: () = assert!(std::mem::offset_of!(MembershipLine, commit_view) == 48);
+const _: () = assert!(std::mem::offset_of!(MembershipLine, request) == 56);
+
+/// `request` bit: a process that is not in the view asks to join.
+pub const REQUEST_JOIN: u64 = 1;
+/// `request` bit: a member asks to leave at the next view change.
+pub const REQUEST_LEAVE: u64 = 2;
+
+/// A proposed next view: written by the leader, copied by every member
+/// that acknowledges it (so a new leader can adopt it).
+///
+/// ```text
+///  +0  next_view     u64  the proposed view's id
+///  +8  next_members  u64  its members
+///  +16 origin        u64  rank of the leader that first proposed it
+///  +24 final_seq     u64  ragged-edge cleanup: the old view delivers exactly seq < final_seq
+///  +32 joiners       u64  members new in it (they get a snapshot)
+///  +40 snapshot_view u64  view + 1 whose snapshot is in the snapshot column (0: none)
+///  +48 version       u64  odd while the owner rewrites either line (a seqlock for readers)
+///  +56 reserved      u64
+/// ```
+#[repr(C, align(64))]
+pub struct ProposalLine {
+    pub next_view: u64,
+    pub next_members: u64,
+    pub origin: u64,
+    pub final_seq: u64,
+    pub joiners: u64,
+    pub snapshot_view: u64,
+    pub version: u64,
+    pub reserved: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<ProposalLine>() == 64);
+const _: () = assert!(std::mem::offset_of!(ProposalLine, next_view) == 0);
+const _: () = assert!(std::mem::offset_of!(ProposalLine, next_members) == 8);
+const _: () = assert!(std::mem::offset_of!(ProposalLine, origin) == 16);
+const _: () = assert!(std::mem::offset_of!(ProposalLine, final_seq) == 24);
+const _: () = assert!(std::mem::offset_of!(ProposalLine, joiners) == 32);
+const _: () = assert!(std::mem::offset_of!(ProposalLine, snapshot_view) == 40);
+const _: () = assert!(std::mem::offset_of!(ProposalLine, version) == 48);
 
 /// Column handles of the SMC row.
 #[derive(Clone, Debug)]
@@ -83,9 +172,15 @@ pub struct SmcLayout {
     pub delivered_num: U64Column,
     pub heartbeat: U64Column,
     pub finished: U64Column,
+    pub smc_view: U64Column,
+    pub base_slot: U64Column,
     pub received_num: U64VectorColumn,
     pub released_slots: U64VectorColumn,
     pub guard: U64Column,
+    /// The [`MembershipLine`], then the [`ProposalLine`] (128 bytes).
+    pub membership: BytesColumn,
+    /// Snapshot length (u64), then up to `snapshot_bytes_max` bytes.
+    pub snapshot: BytesColumn,
     pub counters: U64VectorColumn,
     pub ring: BytesColumn,
     pub senders: usize,
@@ -110,11 +205,17 @@ impl SmcLayout {
         let delivered_num = b.u64("delivered_num");
         let heartbeat = b.u64("heartbeat");
         let finished = b.u64("finished");
+        let smc_view = b.u64("smc_view");
+        let base_slot = b.u64("base_slot");
         b.cache_line_break();
         let received_num = b.u64_vector("received_num", senders);
         let released_slots = b.u64_vector("released_slots", senders);
         b.cache_line_break();
         let guard = b.u64("guard");
+        b.cache_line_break();
+        let membership = b.bytes("membership", 128);
+        b.cache_line_break();
+        let snapshot = b.bytes("snapshot", 8 + config.snapshot_bytes_max);
         b.cache_line_break();
         let counters = b.u64_vector("counters", COUNTER_NAMES.len());
         let ring = b.bytes("ring", stride * config.window_slots);
@@ -130,6 +231,13 @@ impl SmcLayout {
         );
         assert_eq!(heartbeat.offset(), std::mem::offset_of!(ProgressLine, heartbeat));
         assert_eq!(finished.offset(), std::mem::offset_of!(ProgressLine, finished));
+        assert_eq!(smc_view.offset(), std::mem::offset_of!(ProgressLine, smc_view));
+        assert_eq!(base_slot.offset(), std::mem::offset_of!(ProgressLine, base_slot));
+        assert_eq!(
+            membership.offset() % 64,
+            0,
+            "the membership lines are cache-line aligned"
+        );
         assert_eq!(
             received_num.offset(0),
             std::mem::size_of::<ProgressLine>(),
@@ -143,9 +251,13 @@ impl SmcLayout {
             delivered_num,
             heartbeat,
             finished,
+            smc_view,
+            base_slot,
             received_num,
             released_slots,
             guard,
+            membership,
+            snapshot,
             counters,
             ring,
             senders,
@@ -159,6 +271,23 @@ impl SmcLayout {
     #[inline(always)]
     pub fn slot_offset(&self, position: u64) -> usize {
         self.ring.offset() + (position as usize & (self.window_slots - 1)) * self.slot_stride
+    }
+
+    /// Byte offset of a [`MembershipLine`] field (`offset_of!`).
+    #[inline(always)]
+    pub fn mship(&self, field_offset: usize) -> usize {
+        self.membership.offset() + field_offset
+    }
+
+    /// Byte offset of a [`ProposalLine`] field (`offset_of!`).
+    #[inline(always)]
+    pub fn proposal(&self, field_offset: usize) -> usize {
+        self.membership.offset() + 64 + field_offset
+    }
+
+    /// The membership and proposal lines.
+    pub fn membership_range(&self) -> std::ops::Range<usize> {
+        self.membership.offset()..self.membership.offset() + self.membership.len()
     }
 
     /// The bytes that carry the progress counters (pushed once per pass).

@@ -10,9 +10,13 @@
 //! coalesced nulls only when they unblock the order, and no lock held
 //! across a push.
 //!
-//! Membership is static in this version: the members and senders are
-//! fixed when the group starts, and a member that dies stops the others
-//! with [`GroupError::MemberGone`].
+//! Membership changes follow Derecho's view-change protocol
+//! ([`membership`]): a member that fails, stalls or is cut off is
+//! suspected and removed, members may leave and new ones join (with a
+//! snapshot of the application's state), and a minority partition stops
+//! rather than split the group. With `GroupConfig::membership` off, the
+//! group is static and a member that dies stops the others with
+//! [`GroupError::MemberGone`].
 //!
 //! ```no_run
 //! use spindle_group::{DeliveryMode, Group, GroupConfig, SenderSet};
@@ -37,6 +41,7 @@ pub mod error;
 pub mod group;
 pub mod invariants;
 pub mod layout;
+pub mod membership;
 pub mod send_ring;
 pub mod sender;
 mod sync;
@@ -45,4 +50,5 @@ pub use crate::config::{DeliveryMode, GroupConfig, SenderSet};
 pub use crate::core::{Delivery, GroupCore, Positions};
 pub use crate::error::{GroupError, SendError};
 pub use crate::group::{Group, GroupAgent, GroupThread};
+pub use crate::membership::{DeliverOnly, Upcalls, View};
 pub use crate::sender::{SendSlot, Sender};

@@ -200,8 +200,32 @@ fn oversized_payload_is_rejected_not_truncated() {
 }
 
 #[test]
+fn a_vanished_member_of_a_pair_leaves_a_minority_that_stops() {
+    let config = GroupConfig::new(&unique_name("minority"), 2);
+    let c1 = config.clone();
+    let other = std::thread::spawn(move || {
+        let g = Group::join_shm(c1, 1).unwrap();
+        drop(g);
+    });
+    let mut group = Group::join_shm(config, 0).unwrap();
+    other.join().unwrap();
+    let err = loop {
+        match group.poll_or_idle(&mut |_| {}) {
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(err, GroupError::MinorityPartition { rank: 0, view: 0, .. }),
+        "got {err}"
+    );
+    assert!(err.to_string().contains("minority partition"), "{err}");
+}
+
+#[test]
 fn a_vanished_member_is_reported_by_rank() {
-    let config = GroupConfig::new(&unique_name("gone"), 2);
+    let mut config = GroupConfig::new(&unique_name("gone"), 2);
+    config.membership = false;
     let c1 = config.clone();
     let other = std::thread::spawn(move || {
         let g = Group::join_shm(c1, 1).unwrap();

@@ -33,6 +33,7 @@ fn describe(r: &SimReport) -> String {
 #[test]
 fn two_thousand_seeds_hold_every_invariant() {
     let (mut lost, mut complete, mut crashed, mut stopped, mut delivered) = (0, 0, 0, 0, 0u64);
+    let mut went_on = 0;
     let mut failures = Vec::new();
     for seed in 0..CI_SEEDS {
         let r = simulation::run(&spec(seed));
@@ -41,6 +42,9 @@ fn two_thousand_seeds_hold_every_invariant() {
             continue;
         }
         delivered += r.delivered.iter().sum::<u64>();
+        if r.logs.values().any(|log| log.iter().any(|e| e.view > 0)) {
+            went_on += 1;
+        }
         crashed += r.ends.iter().filter(|e| **e == MemberEnd::Crashed).count();
         stopped += r.ends.iter().filter(|e| matches!(e, MemberEnd::Stopped(_))).count();
         if r.lost_members() > 0 {
@@ -61,6 +65,12 @@ fn two_thousand_seeds_hold_every_invariant() {
     assert!(complete > CI_SEEDS / 4, "only {complete} runs ran to completion");
     assert!(crashed > 0 && stopped > 0, "crashed {crashed}, stopped {stopped}");
     assert!(delivered > CI_SEEDS * 50, "only {delivered} deliveries checked");
+    // Membership: survivors of crashes, partitions, joins and leaves went
+    // on delivering in a later view.
+    assert!(
+        went_on > CI_SEEDS / 10,
+        "only {went_on} runs delivered after a view change"
+    );
 }
 
 #[test]

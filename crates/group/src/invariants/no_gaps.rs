@@ -1,6 +1,12 @@
 //! No gaps: every member delivered exactly as many messages from each
 //! sender as that sender sent (data messages; nulls take indices but are
 //! never delivered, so indices alone cannot show a gap).
+//!
+//! Counts are over all views, so this holds only for a run whose
+//! membership never changed: after a view change the ragged edge may trim
+//! messages of the old view for good, and [`super::no_loss`] and
+//! [`super::virtual_synchrony`] take over ([`super::check_all_views`]
+//! skips this checker when [`super::membership_changed`]).
 
 use std::collections::{BTreeMap, HashMap};
 

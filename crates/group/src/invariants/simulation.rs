@@ -15,11 +15,15 @@
 //!       a member lost → every other member stopped with MemberGone
 //! ```
 //!
-//! The membership is static, so a crash or a partition that outlasts the
-//! detection timeout stops the survivors with `GroupError::MemberGone`:
-//! that is the correct outcome today; the checks are safety (what was
-//! delivered agrees) and detection (everyone stops). A membership protocol
-//! will change the expected outcome here (survivors install a new view).
+//! Membership is on: a crash, a stalled member or a partition that
+//! outlasts the suspicion timeout makes the survivors install a new view
+//! (a minority side stops with `MinorityPartition`, a member the others
+//! removed stops with `Removed`); the churn class adds a member joining a
+//! running group and one leaving. The checks are safety (what was
+//! delivered agrees, per view and across views: virtual synchrony, no
+//! loss, one membership per view id) and liveness (after the drain, every
+//! running member is in the same view and has delivered everything
+//! published in it).
 //!
 //! It lives under `invariants` because the group crate's `lib.rs` belongs
 //! to another change; it belongs in `crate::sim` (see the report of the
@@ -30,11 +34,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use spindle_fabric::sim::{Sabotage, SimEvent, SimFabric, SimOptions, SimRng, SimWorld};
-use spindle_fabric::PeerSet;
+use spindle_fabric::{Fabric, PeerSet};
 use spindle_sst::Agent;
 
 use super::online::{Delivered, OnlineChecker};
-use super::{Logs, Violation};
+use super::{Logs, ViewEntry, ViewLogs, Violation};
 use crate::layout::SmcLayout;
 use crate::sender::Sender;
 use crate::{DeliveryMode, Group, GroupAgent, GroupConfig, GroupError, SenderSet};
@@ -50,6 +54,8 @@ pub enum FaultClass {
     Crash,
     /// Delays and one partition (held or dropped, healed or not).
     Partition,
+    /// Delays, a member joining the running group and one leaving.
+    Churn,
     /// Per seed, one of the above (or a crash and a partition).
     All,
 }
@@ -61,9 +67,10 @@ impl FaultClass {
             "delays" => Ok(FaultClass::Delays),
             "crash" => Ok(FaultClass::Crash),
             "partition" => Ok(FaultClass::Partition),
+            "churn" => Ok(FaultClass::Churn),
             "all" => Ok(FaultClass::All),
             other => Err(format!(
-                "unknown fault class '{other}': expected none, delays, crash, partition or all"
+                "unknown fault class '{other}': expected none, delays, crash, partition, churn or all"
             )),
         }
     }
@@ -73,6 +80,7 @@ impl FaultClass {
             FaultClass::Delays => "delays",
             FaultClass::Crash => "crash",
             FaultClass::Partition => "partition",
+            FaultClass::Churn => "churn",
             FaultClass::All => "all",
         }
     }
@@ -188,6 +196,12 @@ pub struct SimPlan {
     pub peer_check_interval_ns: u64,
     pub crash: Option<CrashPlan>,
     pub partition: Option<PartitionPlan>,
+    /// A rank outside the first view that joins at a step.
+    pub joiner: Option<(usize, u64)>,
+    /// A member that asks to leave at a step.
+    pub leaver: Option<(usize, u64)>,
+    /// A member whose heartbeat stalls this long is suspected.
+    pub suspect_timeout_ns: u64,
     /// Steps after the workload for everything to settle.
     pub drain_steps_max: u64,
 }
@@ -209,6 +223,7 @@ impl SimPlan {
                 FaultClass::Partition,
                 FaultClass::All,
             ][rng.below(5) as usize],
+            FaultClass::Churn if n < 3 => FaultClass::Delays,
             c => c,
         };
         let senders = match rng.below(4) {
@@ -248,6 +263,9 @@ impl SimPlan {
             peer_check_interval_ns: rng.range(50_000, 500_000),
             crash: None,
             partition: None,
+            joiner: None,
+            leaver: None,
+            suspect_timeout_ns: 0,
             drain_steps_max: 4_000,
         };
         if class != FaultClass::None {
@@ -262,6 +280,24 @@ impl SimPlan {
                 CrashTrigger::AtStep(rng.below(fault_steps))
             };
             plan.crash = Some(CrashPlan { rank, trigger });
+        }
+        // Suspicion must outlast what a healthy member can be late by, or
+        // every run ends in a storm of false suspicions; sometimes (1 in 8)
+        // it does not, on purpose.
+        plan.suspect_timeout_ns = if rng.chance(125) {
+            plan.detect_timeout_ns.max(2 * plan.peer_check_interval_ns)
+        } else {
+            plan.healthy_suspect_timeout_ns()
+        };
+        if matches!(class, FaultClass::Churn | FaultClass::All) && n >= 3 {
+            // The joiner is the last rank; some other rank must send.
+            if rng.chance(700) && plan.senders.ranks(n).iter().any(|r| *r != n - 1) {
+                plan.joiner = Some((n - 1, rng.below(fault_steps)));
+            }
+            if rng.chance(500) {
+                let leaver = rng.below(n as u64 - 1) as usize;
+                plan.leaver = Some((leaver, rng.below(fault_steps)));
+            }
         }
         if matches!(class, FaultClass::Partition | FaultClass::All) && n >= 2 {
             let mut side = rng.next_u64() & PeerSet::all(n).0;
@@ -280,6 +316,25 @@ impl SimPlan {
             });
         }
         plan
+    }
+
+    /// A suspicion timeout that a healthy member never exceeds: the
+    /// detection timeout plus what its turns (slow members) and the links
+    /// (slow links) can make its heartbeat late by. Scenario tests that
+    /// pin a plan's speeds or links call it again.
+    pub fn healthy_suspect_timeout_ns(&self) -> u64 {
+        let slowest_per_mille = self.speed_per_mille.iter().copied().min().unwrap_or(1000).max(1);
+        // The drain's steps are longer (see `Cluster::run`).
+        let tick_ns = self.tick_ns_max.max(self.detect_timeout_ns / 8);
+        let turn_gap_ns = tick_ns * 1000 / slowest_per_mille;
+        let link_ns = self
+            .slow_links
+            .iter()
+            .map(|l| l.2)
+            .max()
+            .unwrap_or(0)
+            .max(self.delay_ns_max);
+        self.detect_timeout_ns + 8 * turn_gap_ns + 4 * link_ns + 4 * self.peer_check_interval_ns
     }
 
     fn draw_delays(&mut self, rng: &mut SimRng, n: usize) {
@@ -303,7 +358,8 @@ impl SimPlan {
     pub fn summary(&self) -> String {
         format!(
             "senders={} mode={} window_slots={} slot_payload_max={} batching={} send={}‰ burst≤{} abandon={}‰ tick≤{}ns \
-             delay≤{}ns split≤{} slow_links={:?} speed‰={:?} detect_timeout={}ns crash={:?} partition={:?}",
+             delay≤{}ns split≤{} slow_links={:?} speed‰={:?} detect_timeout={}ns suspect_timeout={}ns crash={:?} \
+             partition={:?} joiner={:?} leaver={:?}",
             self.senders.as_str(),
             self.mode.as_str(),
             self.window_slots,
@@ -318,8 +374,11 @@ impl SimPlan {
             self.slow_links,
             self.speed_per_mille,
             self.detect_timeout_ns,
+            self.suspect_timeout_ns,
             self.crash,
-            self.partition
+            self.partition,
+            self.joiner,
+            self.leaver
         )
     }
 }
@@ -329,8 +388,12 @@ impl SimPlan {
 pub enum MemberEnd {
     Running,
     Crashed,
-    /// It stopped on this error (today: `MemberGone` after a fault).
+    /// It stopped on this error (removed, minority partition) after a fault.
     Stopped(String),
+    /// It left the group on request.
+    Left,
+    /// A joiner that has not started yet.
+    NotStarted,
 }
 
 /// A broken invariant, where it broke.
@@ -358,6 +421,8 @@ pub struct SimReport {
     pub events: u64,
     /// Every member's deliveries, as delivery-log lines.
     pub logs: Logs,
+    /// Every member's installed views, in order.
+    pub view_logs: ViewLogs,
 }
 
 impl SimReport {
@@ -386,6 +451,7 @@ pub fn run_plan(spec: &SimSpec, plan: SimPlan) -> SimReport {
         trace_digest: 0,
         events: 0,
         logs: Logs::new(),
+        view_logs: ViewLogs::new(),
     };
     let mut cluster = match Cluster::new(spec, plan) {
         Ok(c) => c,
@@ -424,6 +490,7 @@ pub fn run_plan(spec: &SimSpec, plan: SimPlan) -> SimReport {
     report.trace_digest = cluster.world.trace_digest();
     report.events = cluster.world.events();
     report.logs = std::mem::take(&mut cluster.logs);
+    report.view_logs = std::mem::take(&mut cluster.view_logs);
     report
 }
 
@@ -443,12 +510,16 @@ struct Cluster {
     spec: SimSpec,
     plan: SimPlan,
     world: SimWorld,
-    agents: Vec<GroupAgent<SimFabric>>,
+    agents: Vec<Option<GroupAgent<SimFabric>>>,
+    config: GroupConfig,
+    /// The view each member last reported.
+    views: Vec<Option<u64>>,
     senders: Vec<Option<Sender<SimFabric>>>,
     inboxes: Vec<Inbox>,
     ends: Vec<MemberEnd>,
     checker: OnlineChecker,
     logs: Logs,
+    view_logs: ViewLogs,
     /// Messages sent per member rank.
     sent: Vec<u64>,
     rng: SimRng,
@@ -468,6 +539,11 @@ impl Cluster {
         config.slot_payload_max = plan.slot_payload_max;
         config.batching = plan.batching;
         config.peer_check_interval = Duration::from_nanos(plan.peer_check_interval_ns);
+        config.membership = true;
+        config.suspect_timeout = Duration::from_nanos(plan.suspect_timeout_ns);
+        if let Some((joiner, _)) = plan.joiner {
+            config.initial_members = Some((0..spec.members).filter(|r| *r != joiner).collect());
+        }
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
     }
@@ -487,28 +563,22 @@ impl Cluster {
         for &(src, dst, delay) in &plan.slow_links {
             world.set_link_delay(src, dst, delay);
         }
-        let fabrics: Vec<Arc<SimFabric>> = (0..n)
-            .map(|r| world.open(r).map(Arc::new))
+        let initial = config.initial_ranks();
+        let fabrics: Vec<Arc<SimFabric>> = initial
+            .iter()
+            .map(|&r| world.open(r).map(Arc::new))
             .collect::<Result<_, _>>()
             .map_err(|e| e.to_string())?;
-        let (mut agents, mut senders, mut inboxes) = (Vec::new(), Vec::new(), Vec::new());
-        for (rank, fabric) in fabrics.into_iter().enumerate() {
+        let mut agents: Vec<Option<GroupAgent<SimFabric>>> = (0..n).map(|_| None).collect();
+        let mut senders: Vec<Option<Sender<SimFabric>>> = (0..n).map(|_| None).collect();
+        let inboxes: Vec<Inbox> = (0..n).map(|_| Inbox::default()).collect();
+        let mut ends = vec![MemberEnd::NotStarted; n];
+        for fabric in fabrics {
+            let rank = fabric.member_rank();
             let group = Group::join(fabric, config.clone()).map_err(|e| e.to_string())?;
-            senders.push(group.sender());
-            let inbox: Inbox = Arc::default();
-            let sink = Arc::clone(&inbox);
-            agents.push(GroupAgent::new(group, move |d: &crate::Delivery<'_>| {
-                sink.lock().expect("inbox").push(Delivered {
-                    member: rank,
-                    view: d.view,
-                    sender: d.sender_rank,
-                    index: d.index,
-                    seq: d.seq,
-                    len: d.payload.len() as u64,
-                    xxh3: xxhash_rust::xxh3::xxh3_64(d.payload),
-                });
-            }));
-            inboxes.push(inbox);
+            senders[rank] = group.sender();
+            agents[rank] = Some(Self::agent(group, &inboxes[rank]));
+            ends[rank] = MemberEnd::Running;
         }
         if let Some(CrashPlan {
             rank,
@@ -517,16 +587,24 @@ impl Cluster {
         {
             world.crash_at_push(rank, p);
         }
-        let sender_ranks = config.senders.ranks(n);
+        let sender_ranks: Vec<usize> = config
+            .senders
+            .ranks(n)
+            .into_iter()
+            .filter(|r| initial.contains(r))
+            .collect();
         Ok(Cluster {
-            checker: OnlineChecker::new(0, n, &sender_ranks, plan.mode == DeliveryMode::Ordered),
+            checker: OnlineChecker::with_members(0, &initial, n, &sender_ranks, plan.mode == DeliveryMode::Ordered),
             spec: spec.clone(),
             world,
             agents,
+            config,
+            views: vec![None; n],
             senders,
             inboxes,
-            ends: vec![MemberEnd::Running; n],
+            ends,
             logs: (0..n).map(|m| (m, Vec::new())).collect(),
+            view_logs: ViewLogs::new(),
             sent: vec![0; n],
             rng: root.fork(WORKLOAD_STREAM),
             step: 0,
@@ -534,6 +612,27 @@ impl Cluster {
             faults_injected: plan.crash.is_some() || plan.partition.is_some() || spec.sabotage.is_some(),
             plan,
         })
+    }
+
+    /// A member's group with a delivery handler that fills its inbox.
+    fn agent(group: Group<SimFabric>, inbox: &Inbox) -> GroupAgent<SimFabric> {
+        let rank = group.my_rank();
+        let sink = Arc::clone(inbox);
+        GroupAgent::new(group, move |d: &crate::Delivery<'_>| {
+            sink.lock().expect("inbox").push(Delivered {
+                member: rank,
+                view: d.view,
+                sender: d.sender_rank,
+                index: d.index,
+                seq: d.seq,
+                len: d.payload.len() as u64,
+                xxh3: xxhash_rust::xxh3::xxh3_64(d.payload),
+            });
+        })
+    }
+
+    fn group(&self, m: usize) -> &Group<SimFabric> {
+        &self.agents[m].as_ref().expect("a started member").group
     }
 
     fn fail(&self, v: Violation) -> SimFailure {
@@ -584,6 +683,34 @@ impl Cluster {
             };
             if due {
                 self.world.crash(rank); // no-op if it already crashed
+            }
+        }
+        if let Some((rank, step)) = self.plan.joiner {
+            if step == self.step && self.ends[rank] == MemberEnd::NotStarted {
+                let joined = self
+                    .world
+                    .open(rank)
+                    .map_err(GroupError::from)
+                    .and_then(|f| Group::start_join(Arc::new(f), self.config.clone()));
+                match joined {
+                    Ok(group) => {
+                        self.senders[rank] = group.sender();
+                        self.agents[rank] = Some(Self::agent(group, &self.inboxes[rank]));
+                        self.ends[rank] = MemberEnd::Running;
+                    }
+                    Err(e) => self.ends[rank] = MemberEnd::Stopped(format!("could not start joining: {e}")),
+                }
+            }
+        }
+        if let Some((rank, step)) = self.plan.leaver {
+            if step == self.step && self.ends[rank] == MemberEnd::Running {
+                if let Some(agent) = self.agents[rank].as_mut() {
+                    if agent.group.request_leave().is_err() {
+                        self.ends[rank] = MemberEnd::Stopped("could not ask to leave".into());
+                    }
+                    // From here on it agrees to any view that drops it.
+                    self.checker.on_leave(rank);
+                }
             }
         }
         if let Some(p) = self.plan.partition {
@@ -643,7 +770,8 @@ impl Cluster {
         let at_ns = self.world.now_ns();
         let now_ns = at_ns + self.plan.clock_offset_ns[m];
         self.stepping = Some(m);
-        let result = self.agents[m].do_work(now_ns);
+        let agent = self.agents[m].as_mut().expect("a running member has an agent");
+        let result = agent.do_work(now_ns);
         self.stepping = None;
         let work = *result.as_ref().unwrap_or(&0);
         self.world.record(SimEvent::Step {
@@ -656,23 +784,66 @@ impl Cluster {
             self.ends[m] = MemberEnd::Crashed;
         }
         self.check_deliveries(m)?;
+        self.check_view(m)?;
+        let churn = self.plan.joiner.is_some() || self.plan.leaver.is_some();
+        let slow = self.plan.speed_per_mille.iter().any(|s| *s < 1000) || self.plan.delay_ns_max > 0;
         match result {
-            Ok(_) => Ok(()),
-            Err(GroupError::MemberGone { rank })
-                if self.faults_injected || self.ends.iter().any(|e| *e != MemberEnd::Running) =>
-            {
-                let text = format!("member {m} stops: {}", GroupError::MemberGone { rank });
+            Ok(_) => {
+                if self.group(m).has_left() {
+                    self.world.record(SimEvent::Note {
+                        at_ns,
+                        text: format!("member {m} left"),
+                    });
+                    self.ends[m] = MemberEnd::Left;
+                    // Dropping the fabric is the clean leave.
+                    self.agents[m] = None;
+                    self.senders[m] = None;
+                }
+                Ok(())
+            }
+            Err(
+                e @ (GroupError::Removed { .. }
+                | GroupError::MinorityPartition { .. }
+                | GroupError::FellBehind { .. }
+                | GroupError::StateTransfer { .. }),
+            ) if self.faults_injected || churn || slow => {
+                let text = format!("member {m} stops: {e}");
                 self.world.record(SimEvent::Note { at_ns, text });
-                self.ends[m] = MemberEnd::Stopped(GroupError::MemberGone { rank }.to_string());
+                self.ends[m] = MemberEnd::Stopped(e.to_string());
                 self.world.exit(m);
                 Ok(())
             }
-            Err(e @ GroupError::MemberGone { .. }) => Err(self.fail(Violation::new(
-                "failure detection",
-                format!("member {m} stopped with '{e}' although no fault was injected"),
-            ))),
             Err(e) => Err(self.fail(Violation::new("no unexpected errors", format!("member {m}: {e}")))),
         }
+    }
+
+    /// Report a view the member installed since its last step.
+    fn check_view(&mut self, m: usize) -> Result<(), SimFailure> {
+        let Some(agent) = self.agents[m].as_ref() else {
+            return Ok(());
+        };
+        if agent.group.is_joining() || agent.group.has_left() {
+            return Ok(());
+        }
+        let view = agent.group.view();
+        if self.views[m] == Some(view.id) {
+            return Ok(());
+        }
+        self.views[m] = Some(view.id);
+        let at_ns = self.world.now_ns();
+        self.world.record(SimEvent::Note {
+            at_ns,
+            text: format!("member {m} installs view {} {:?}", view.id, view.members),
+        });
+        self.view_logs.entry(m).or_default().push(ViewEntry {
+            member: m,
+            view: view.id,
+            members: view.members.clone(),
+        });
+        self.checker
+            .on_view_with_senders(m, view.id, &view.members, &view.senders)
+            .map_err(|v| self.fail(v))?;
+        Ok(())
     }
 
     fn check_deliveries(&mut self, m: usize) -> Result<(), SimFailure> {
@@ -687,16 +858,88 @@ impl Cluster {
     /// Nothing left to happen: everyone stopped, or (nobody lost) everyone
     /// delivered everything and nothing is in flight.
     fn settled(&self) -> bool {
+        let partition_pending = self.plan.partition.is_some_and(|p| p.start_step >= self.step);
+        let churn_pending = self.plan.joiner.is_some_and(|(_, s)| s >= self.step)
+            || self.plan.leaver.is_some_and(|(_, s)| s >= self.step);
+        !partition_pending && !churn_pending && self.world.in_flight_bytes() == 0 && self.quiescent().is_ok()
+    }
+
+    /// Every running member is in the same view, not changing it, and has
+    /// delivered (ordered) or received (unordered) everything published
+    /// in it; `Err` says who is not.
+    fn quiescent(&self) -> Result<(), String> {
         let running: Vec<usize> = (0..self.spec.members)
             .filter(|m| self.ends[*m] == MemberEnd::Running)
             .collect();
-        if running.len() < self.spec.members {
-            return running.is_empty();
+        // A joiner cut off by a partition that never heals (or that broke
+        // its links for good) cannot be admitted.
+        let cut_off = self.plan.partition.is_some_and(|p| !p.hold || p.heal_step.is_none());
+        let members: Vec<usize> = running
+            .iter()
+            .copied()
+            .filter(|m| !self.group(*m).is_joining())
+            .collect();
+        if !cut_off {
+            if let Some(m) = running.iter().find(|m| self.group(**m).is_joining()) {
+                if !members.is_empty() {
+                    return Err(format!("member {m} has not been admitted"));
+                }
+            }
         }
-        let partition_pending = self.plan.partition.is_some_and(|p| p.start_step >= self.step);
-        !partition_pending
-            && running.iter().all(|m| self.checker.has_everything(*m))
-            && self.world.in_flight_bytes() == 0
+        // A joiner waits for a running group; with none left it waits for
+        // ever (a real one gives up after join_timeout).
+        let Some(&first) = members.first() else {
+            return Ok(());
+        };
+        let view = self.group(first).view();
+        let mut published = Vec::new();
+        for &m in &members {
+            let core = self.group(m).core();
+            if core.is_joining() || core.view() != view.id || core.mship.wedged {
+                return Err(format!(
+                    "member {m} is in view {} (wedged: {})",
+                    core.view(),
+                    core.mship.wedged
+                ));
+            }
+            if let Some(ring) = &core.ring {
+                if core.my_sender_index.is_some() && ring.scan(core.published_slots) > 0 {
+                    return Err(format!("member {m} has committed slots not yet published"));
+                }
+            }
+        }
+        for (i, &s) in self.group(first).core().sender_ranks.iter().enumerate() {
+            let core = self.group(s).core();
+            published.push((i, s, core.next_msg_index));
+        }
+        for &m in &members {
+            let core = self.group(m).core();
+            for &(i, s, n) in &published {
+                if core.recv_msgs.get(i).copied() != Some(n) {
+                    return Err(format!(
+                        "member {m} received {:?} of sender {s}'s {n} messages in view {}",
+                        core.recv_msgs.get(i),
+                        view.id
+                    ));
+                }
+            }
+            // Ordered: every published index of every sender delivered
+            // (nulls fill the gaps between senders).
+            let senders = published.len() as u64;
+            let need = published
+                .iter()
+                .filter(|p| p.2 > 0)
+                .map(|&(i, _, n)| (n - 1) * senders + i as u64 + 1)
+                .max()
+                .unwrap_or(0);
+            if self.plan.mode == DeliveryMode::Ordered && core.delivered_num < need {
+                return Err(format!(
+                    "member {m} delivered up to seq {} of {need} published in view {}",
+                    core.delivered_num, view.id
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Every member's positions, for a liveness failure.
@@ -705,12 +948,14 @@ impl Cluster {
             .agents
             .iter()
             .enumerate()
+            .filter_map(|(m, a)| a.as_ref().map(|a| (m, a)))
             .map(|(m, a)| {
                 let p = a.group.core().positions();
                 let c = &a.group.core().counters().values;
                 format!(
-                    "member {m}: published {} next index {} received {:?} frontier {} stable {} delivered {} \
+                    "member {m} (view {}): published {} next index {} received {:?} frontier {} stable {} delivered {} \
                      (sent {} nulls {} in {} runs, backpressure {})",
+                    a.group.core().view(),
                     p.published_slots,
                     p.next_msg_index,
                     p.received_num,
@@ -735,13 +980,29 @@ impl Cluster {
         if ordered {
             super::total_order::check(&self.logs).map_err(|v| self.fail(v))?;
         }
+        let left = (0..self.spec.members)
+            .filter(|m| self.ends[*m] == MemberEnd::Left || self.plan.leaver.is_some_and(|(r, _)| r == *m))
+            .collect();
+        super::view_chain::check_with_left(&self.view_logs, &left).map_err(|v| self.fail(v))?;
+        super::sending_view::check(&self.logs, &self.view_logs).map_err(|v| self.fail(v))?;
+        if ordered {
+            // Delivered on receipt (unordered), a message may reach one
+            // member and not another before its sender fails.
+            super::no_loss::check(&self.logs, &self.view_logs).map_err(|v| self.fail(v))?;
+            super::virtual_synchrony::check(&self.logs, &self.view_logs).map_err(|v| self.fail(v))?;
+        }
         let running: Vec<usize> = (0..self.spec.members)
             .filter(|m| self.ends[*m] == MemberEnd::Running)
             .collect();
-        if running.len() == self.spec.members {
-            let expected = (0..self.spec.members)
-                .filter(|m| self.senders[*m].is_some())
-                .map(|m| (m, self.sent[m]))
+        let all_running = self
+            .ends
+            .iter()
+            .all(|e| matches!(e, MemberEnd::Running | MemberEnd::NotStarted));
+        if all_running && self.plan.joiner.is_none() && !super::membership_changed(&self.logs, &self.view_logs) {
+            let expected = running
+                .iter()
+                .filter(|m| self.senders[**m].is_some())
+                .map(|m| (*m, self.sent[*m]))
                 .collect();
             return super::no_gaps::check(&self.logs, &expected).map_err(|mut v| {
                 v.detail = format!(
@@ -753,16 +1014,15 @@ impl Cluster {
                 self.fail(v)
             });
         }
-        if let Some(m) = running.first() {
-            let lost: Vec<usize> = (0..self.spec.members).filter(|r| !running.contains(r)).collect();
-            return Err(self.fail(Violation::new(
-                "failure detection",
+        self.quiescent().map_err(|why| {
+            self.fail(Violation::new(
+                "liveness",
                 format!(
-                    "member {m} still runs {} drain steps after members {lost:?} crashed or stopped",
-                    self.plan.drain_steps_max
+                    "{} drain steps after the last fault the survivors have not settled: {why}; {}",
+                    self.plan.drain_steps_max,
+                    self.positions()
                 ),
-            )));
-        }
-        Ok(())
+            ))
+        })
     }
 }
