@@ -20,6 +20,7 @@ mod rt;
 mod run;
 mod sim;
 mod stat;
+mod view_member;
 
 use std::process::ExitCode;
 
@@ -63,6 +64,9 @@ enum Command {
     /// (internal) one side of the raw shm baseline ring.
     #[command(hide = true)]
     BaselineMember(baseline::BaselineArgs),
+    /// (internal) one member process of a membership run (demo, failover).
+    #[command(hide = true)]
+    ViewMember(view_member::ViewMemberArgs),
 }
 
 // Parsed once at start-up: the size of the largest variant does not matter.
@@ -88,6 +92,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::run(args),
         Command::Member(args) => member::run(args),
         Command::BaselineMember(args) => baseline::run_member(args),
+        Command::ViewMember(args) => view_member::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

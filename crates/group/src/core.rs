@@ -247,6 +247,7 @@ impl<F: Fabric> GroupCore<F> {
             me.u64_at(l.released_slots.offset(i)).store(0, Ordering::Relaxed);
         }
         me.u64_at(l.guard.offset()).store(0, Ordering::Relaxed);
+        me.u64_at(l.guard_view.offset()).store(view + 1, Ordering::Relaxed);
         me.u64_at(l.base_slot.offset()).store(self.my_base, Ordering::Relaxed);
     }
 
@@ -254,8 +255,10 @@ impl<F: Fabric> GroupCore<F> {
     /// the zeroed counters first, then the tag (guard after data).
     pub(crate) fn tag_view(&mut self) -> Result<(), FabricError> {
         let guard = self.layout.guard.offset();
+        debug_assert_eq!(self.layout.guard_view.offset(), guard + 8);
         self.fabric.push(self.layout.progress_range(), self.everyone)?;
-        self.fabric.push(guard..guard + 8, self.everyone)?;
+        // The guard and its view, in one push.
+        self.fabric.push(guard..guard + 16, self.everyone)?;
         let me = self.row(self.my_rank);
         // Partner: the Acquire loads of `smc_view` in `sender_ready` and
         // `refresh_tags` of every peer.
@@ -339,6 +342,7 @@ impl<F: Fabric> GroupCore<F> {
     /// One bounded pass with every upcall: deliveries, view changes, and
     /// the snapshot a joiner gets (see [`Upcalls`]).
     pub fn step_with<U: Upcalls>(&mut self, now_ns: u64, up: &mut U) -> Result<u32, GroupError> {
+        self.mship.report_first_view(up);
         let mut work = 0u32;
         if self.smc_running() {
             if self.my_sender_index.is_some() {
@@ -520,6 +524,11 @@ impl<F: Fabric> GroupCore<F> {
         if guard <= p {
             return 0;
         }
+        // A sender that moved on to a newer view (this member was removed
+        // and does not know yet) counts its guard from another base.
+        if row.u64_at(self.layout.guard_view.offset()).load(Ordering::Acquire) != self.view + 1 {
+            return 0;
+        }
         assert!(
             guard - self.deliver_slots[i] <= self.layout.window_slots as u64,
             "flow control: sender {rank} published slot {guard} past the window of member {}",
@@ -639,11 +648,18 @@ impl<F: Fabric> GroupCore<F> {
             return 0;
         }
         let off = self.layout.received_frontier.offset();
+        let tag = self.layout.smc_view.offset();
         let mut stable = self.received_frontier;
         for &rank in &self.view_members {
             if rank != self.my_rank {
+                let row = self.row(rank);
                 // Partner: the Release store of the frontier in `receive`.
-                stable = stable.min(self.row(rank).u64_at(off).load(Ordering::Acquire));
+                stable = stable.min(row.u64_at(off).load(Ordering::Acquire));
+                // A member that moved on to a newer view counts from zero
+                // again (same cache line as the frontier: no extra miss).
+                if row.u64_at(tag).load(Ordering::Acquire) != self.view + 1 {
+                    return self.delivered_num.min(stable);
+                }
             }
         }
         stable

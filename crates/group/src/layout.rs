@@ -11,6 +11,7 @@
 //!  line 1+ ┌ received_num[S]   u64   messages (nulls counted) received from each sender
 //!          └ released_slots[S] u64   ring slots of each sender released, counted from its base_slot
 //!  next    ┌ guard             u64   slots published in this view (from base_slot)  (own line)
+//!          └ guard_view        u64   view + 1 the guard counts in (read with it: no extra line)
 //!  next    ┌ MembershipLine    64 B  installed view, suspicions, wedge, ack, commit, requests
 //!  next    ┌ ProposalLine      64 B  the next view this member proposed (leader) or acked
 //!  next    ┌ snapshot          u64 length + snapshot_bytes_max bytes (state for joiners)
@@ -177,6 +178,7 @@ pub struct SmcLayout {
     pub received_num: U64VectorColumn,
     pub released_slots: U64VectorColumn,
     pub guard: U64Column,
+    pub guard_view: U64Column,
     /// The [`MembershipLine`], then the [`ProposalLine`] (128 bytes).
     pub membership: BytesColumn,
     /// Snapshot length (u64), then up to `snapshot_bytes_max` bytes.
@@ -212,6 +214,7 @@ impl SmcLayout {
         let released_slots = b.u64_vector("released_slots", senders);
         b.cache_line_break();
         let guard = b.u64("guard");
+        let guard_view = b.u64("guard_view");
         b.cache_line_break();
         let membership = b.bytes("membership", 128);
         b.cache_line_break();
@@ -256,6 +259,7 @@ impl SmcLayout {
             received_num,
             released_slots,
             guard,
+            guard_view,
             membership,
             snapshot,
             counters,

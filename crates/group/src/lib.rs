@@ -44,6 +44,7 @@ pub mod layout;
 pub mod membership;
 pub mod send_ring;
 pub mod sender;
+pub mod state_machine;
 mod sync;
 
 pub use crate::config::{DeliveryMode, GroupConfig, SenderSet};
@@ -52,3 +53,4 @@ pub use crate::error::{GroupError, SendError};
 pub use crate::group::{Group, GroupAgent, GroupThread};
 pub use crate::membership::{DeliverOnly, Upcalls, View};
 pub use crate::sender::{SendSlot, Sender};
+pub use crate::state_machine::{Replicated, StateMachine};

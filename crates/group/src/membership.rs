@@ -158,7 +158,16 @@ impl MembershipState {
     /// Whether a change is under way (run the protocol every pass).
     #[inline(always)]
     pub(crate) fn busy(&self) -> bool {
-        self.wedged || self.joining || self.awaiting_snapshot.is_some() || self.pending_upcall
+        self.wedged || self.joining || self.awaiting_snapshot.is_some()
+    }
+
+    /// Report the first view, before the first delivery of the first pass.
+    #[inline(always)]
+    pub(crate) fn report_first_view<U: Upcalls>(&mut self, up: &mut U) {
+        if self.pending_upcall {
+            self.pending_upcall = false;
+            up.view_installed(&self.current);
+        }
     }
 }
 
@@ -377,10 +386,6 @@ impl<F: Fabric> GroupCore<F> {
         if timed {
             self.push_progress()?;
             self.push_membership()?;
-        }
-        if self.mship.pending_upcall {
-            self.mship.pending_upcall = false;
-            up.view_installed(&self.mship.current);
         }
         if self.mship.joining {
             return self.join_step(up);
@@ -645,30 +650,10 @@ impl<F: Fabric> GroupCore<F> {
         let old_mask = self.view_mask;
         let staying = p.next_members & (1 << self.my_rank) != 0;
         let joiner = old_mask & (1 << self.my_rank) == 0;
-        // Ragged-edge cleanup: exactly seq < final_seq of the old view
-        // (unordered delivery already handed over everything received).
-        if !joiner && self.mode == DeliveryMode::Ordered && self.delivered_num < p.final_seq {
-            let end = if staying {
-                assert!(
-                    p.final_seq <= self.received_frontier,
-                    "virtual synchrony: view {} ends at seq {} but member {} received only up to {}",
-                    self.view,
-                    p.final_seq,
-                    self.my_rank,
-                    self.received_frontier
-                );
-                p.final_seq
-            } else {
-                p.final_seq.min(self.received_frontier)
-            };
-            self.deliver_range(end, u64::MAX, up)?;
-            debug_assert_eq!(self.delivered_num, end, "virtual synchrony: ragged edge not delivered");
-        }
-        if !joiner && self.mode == DeliveryMode::Ordered && self.received_frontier > p.final_seq {
-            self.counters
-                .add(counters::TRIMMED_MSGS, self.received_frontier - p.final_seq);
-        }
         if !staying {
+            // Removed or left: no ragged edge for it (it delivered a
+            // prefix). The next view's members do not wait for it before
+            // reusing ring slots it never delivered from.
             self.mship.left = true;
             self.mship.wedged = false;
             if self.mship.leaving {
@@ -680,8 +665,29 @@ impl<F: Fabric> GroupCore<F> {
                 by: p.origin as usize,
             });
         }
-        // Snapshot for the joiners, from the lowest old member that stays.
-        let provider = (p.next_members & old_mask).trailing_zeros() as usize;
+        // Ragged-edge cleanup: exactly seq < final_seq of the old view
+        // (unordered delivery already handed over everything received).
+        if !joiner && self.mode == DeliveryMode::Ordered && self.delivered_num < p.final_seq {
+            assert!(
+                p.final_seq <= self.received_frontier,
+                "virtual synchrony: view {} ends at seq {} but member {} received only up to {}",
+                self.view,
+                p.final_seq,
+                self.my_rank,
+                self.received_frontier
+            );
+            let end = p.final_seq;
+            self.deliver_range(end, u64::MAX, up)?;
+            debug_assert_eq!(self.delivered_num, end, "virtual synchrony: ragged edge not delivered");
+        }
+        if !joiner && self.mode == DeliveryMode::Ordered && self.received_frontier > p.final_seq {
+            self.counters
+                .add(counters::TRIMMED_MSGS, self.received_frontier - p.final_seq);
+        }
+        // Snapshot for the joiners, from the lowest old member that stays
+        // (a joiner knows the old members as those not joining).
+        let old_members = if joiner { p.next_members & !p.joiners } else { old_mask };
+        let provider = (p.next_members & old_members).trailing_zeros() as usize;
         if p.joiners != 0 && provider == self.my_rank {
             self.write_snapshot(p.next_view, up)?;
         }
@@ -712,7 +718,7 @@ impl<F: Fabric> GroupCore<F> {
             departed: mask_ranks(old_mask & !p.next_members),
             prev_final_seq: p.final_seq,
         };
-        if joiner && (p.next_members & old_mask) != 0 {
+        if joiner && (p.next_members & old_members) != 0 {
             self.mship.joining = false;
             self.mship.awaiting_snapshot = Some((p.next_view, provider));
             self.push_membership()?;
@@ -793,12 +799,19 @@ impl<F: Fabric> GroupCore<F> {
         for r in PeerSet(alive).iter() {
             let Some(row) = self.read_row(r) else { continue };
             if row.installed > self.mship.join_seen_view && row.members & me != 0 {
+                // Its proposal line still names the joiners of the view it
+                // installed, unless it has proposed a newer one since.
+                let joiners = if row.proposal.next_view == row.installed {
+                    row.proposal.joiners | me
+                } else {
+                    me
+                };
                 let p = Proposal {
                     next_view: row.installed,
                     next_members: row.members,
                     origin: r as u64,
                     final_seq: row.prev_final_seq,
-                    joiners: me,
+                    joiners,
                 };
                 self.install(p, up)?;
                 return Ok(1);

@@ -160,7 +160,13 @@ pub fn read_lines(dir: &Path) -> Result<MemberLines, String> {
             continue;
         };
         let rank: usize = rank.parse().map_err(|_| format!("bad log file name {name}"))?;
-        let text = std::fs::read_to_string(entry.path()).map_err(|e| format!("read {name}: {e}"))?;
+        let mut text = std::fs::read_to_string(entry.path()).map_err(|e| format!("read {name}: {e}"))?;
+        // A member killed while writing leaves a torn last line: every
+        // complete line ends with a newline.
+        if !text.ends_with('\n') {
+            let keep = text.rfind('\n').map_or(0, |i| i + 1);
+            text.truncate(keep);
+        }
         let mut lines = Vec::new();
         for (n, line) in text.lines().enumerate() {
             let parsed = parse_line(line).map_err(|e| format!("{name} line {}: {e}", n + 1))?;

@@ -1,0 +1,276 @@
+//! Membership with real processes: members are killed with SIGKILL,
+//! stopped with SIGSTOP and resumed, and join a running group; the
+//! survivors install new views and keep delivering, and every delivery log
+//! (with its view lines) passes the checkers. Each test bounds its run and
+//! kills what it started.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use spindle_group::invariants::{self, read_lines, split_lines};
+
+/// Member processes of one scenario, killed on drop.
+struct Members {
+    children: Vec<Option<Child>>,
+}
+
+impl Members {
+    fn new(ranks: usize) -> Members {
+        Members {
+            children: (0..ranks).map(|_| None).collect(),
+        }
+    }
+
+    fn start(&mut self, rank: usize, args: &[String]) {
+        let child = Command::new(env!("CARGO_BIN_EXE_spindle"))
+            .arg("view-member")
+            .args(args)
+            .arg("--rank")
+            .arg(rank.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn a member");
+        self.children[rank] = Some(child);
+    }
+
+    fn pid(&self, rank: usize) -> i32 {
+        self.children[rank].as_ref().expect("running").id() as i32
+    }
+
+    fn signal(&self, rank: usize, signal: i32) {
+        // SAFETY: kill has no memory preconditions; the pid is our child's.
+        assert_eq!(unsafe { libc::kill(self.pid(rank), signal) }, 0, "signal member {rank}");
+    }
+
+    fn kill(&mut self, rank: usize) {
+        let mut child = self.children[rank].take().expect("running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+    }
+
+    /// Wait (bounded) for a member to exit; its status and output.
+    fn wait(&mut self, rank: usize, timeout: Duration) -> (bool, String) {
+        let mut child = self.children[rank].take().expect("running");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                let out = child.wait_with_output().expect("output");
+                return (status.success(), common::text(&out));
+            }
+            if started.elapsed() > timeout {
+                child.kill().ok();
+                let out = child.wait_with_output().expect("output");
+                panic!("member {rank} did not exit within {timeout:?}: {}", common::text(&out));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        for child in self.children.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The views `rank` installed so far (from its delivery log).
+fn views(dir: &Path, rank: usize) -> Vec<(u64, Vec<usize>)> {
+    let text = std::fs::read_to_string(dir.join(format!("member-{rank}.jsonl"))).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains("\"members\""))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| {
+            let members = v["members"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|m| m.as_u64()).map(|m| m as usize).collect())
+                .unwrap_or_default();
+            (v["view"].as_u64().unwrap_or(0), members)
+        })
+        .collect()
+}
+
+/// Wait (bounded) until `rank` has installed a view with exactly `members`.
+fn wait_for_view(dir: &Path, rank: usize, members: &[usize], timeout: Duration) -> u64 {
+    let started = Instant::now();
+    loop {
+        if let Some((id, _)) = views(dir, rank).iter().find(|(_, m)| m == members) {
+            return *id;
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "member {rank} did not install a view of {members:?} within {timeout:?}; its views: {:?}",
+            views(dir, rank)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Deliveries `rank` logged in view `view`.
+fn delivered_in(dir: &Path, rank: usize, view: u64) -> usize {
+    let text = std::fs::read_to_string(dir.join(format!("member-{rank}.jsonl"))).unwrap_or_default();
+    let tag = format!("\"view\":{view},\"sender\"");
+    text.lines().filter(|l| l.contains(&tag)).count()
+}
+
+fn wait_for_deliveries(dir: &Path, rank: usize, view: u64, at_least: usize, timeout: Duration) {
+    let started = Instant::now();
+    while delivered_in(dir, rank, view) < at_least {
+        assert!(
+            started.elapsed() < timeout,
+            "member {rank} delivered only {} messages in view {view} within {timeout:?}",
+            delivered_in(dir, rank, view)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn end_state(dir: &Path, rank: usize) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join(format!("state-{rank}.json"))).expect("state file");
+    serde_json::from_str(&text).expect("state JSON")
+}
+
+/// Every log in `dir` passes every checker (views included).
+fn check_logs(dir: &Path) {
+    let lines = read_lines(dir).expect("read logs");
+    invariants::check_lines(&lines).expect("membership invariants");
+    let (logs, _) = split_lines(&lines);
+    invariants::total_order::check(&logs).expect("total order");
+}
+
+fn args(group: &str, dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--group",
+        group,
+        "--ranks",
+        "4",
+        "--initial",
+        "0,1,2",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--rate",
+        "1500",
+        "--suspect-timeout-ms",
+        "300",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+#[test]
+fn shm_kill_join_and_stop_each_give_a_new_view_and_the_logs_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let group = format!("mship-shm-{}", std::process::id());
+    let t = Duration::from_secs(20);
+    let mut m = Members::new(4);
+    for r in 0..3 {
+        m.start(r, &args(&group, d, &[]));
+    }
+    wait_for_deliveries(d, 0, 0, 200, t);
+
+    // SIGKILL member 2 during traffic: 0 and 1 go on without it.
+    m.kill(2);
+    let v1 = wait_for_view(d, 0, &[0, 1], t);
+    wait_for_view(d, 1, &[0, 1], t);
+    wait_for_deliveries(d, 1, v1, 200, t);
+
+    // A new process joins as rank 3: it gets the state and delivers.
+    m.start(3, &args(&group, d, &["--join"]));
+    let v2 = wait_for_view(d, 3, &[0, 1, 3], t);
+    wait_for_deliveries(d, 3, v2, 200, t);
+
+    // SIGSTOP member 1 past the suspicion timeout: 0 and 3 remove it.
+    m.signal(1, libc::SIGSTOP);
+    let v3 = wait_for_view(d, 0, &[0, 3], t);
+    wait_for_deliveries(d, 3, v3, 200, t);
+    // Resumed, it learns it was removed and stops with a clear error.
+    m.signal(1, libc::SIGCONT);
+    let (ok, out) = m.wait(1, t);
+    assert!(!ok, "the removed member must fail");
+    assert!(out.contains("was removed from the group"), "{out}");
+
+    std::fs::write(d.join("stop"), b"").unwrap();
+    for r in [0, 3] {
+        let (ok, out) = m.wait(r, t);
+        assert!(ok, "member {r} failed: {out}");
+    }
+    // The survivors applied the same messages (the joiner from a snapshot).
+    let (s0, s3) = (end_state(d, 0), end_state(d, 3));
+    assert_eq!(s0["view"], s3["view"]);
+    assert_eq!(s0["digest"], s3["digest"], "{s0} vs {s3}");
+    assert_eq!(s0["applied"], s3["applied"]);
+    check_logs(d);
+}
+
+#[test]
+fn tcp_kill_and_stop_each_give_a_new_view_and_the_logs_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let group = format!("mship-tcp-{}", std::process::id());
+    let t = Duration::from_secs(20);
+    let base_port = free_ports(4);
+    let port = base_port.to_string();
+    let mut m = Members::new(4);
+    let tcp = |extra: &[&str]| {
+        let mut a = args(&group, d, &["--transport", "tcp", "--base-port", &port]);
+        // All four start in the first view: the tcp fabric connects every
+        // rank at open.
+        let i = a.iter().position(|x| x == "0,1,2").unwrap();
+        a[i] = "0,1,2,3".into();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    for r in 0..4 {
+        m.start(r, &tcp(&[]));
+    }
+    wait_for_deliveries(d, 0, 0, 200, t);
+    m.kill(3);
+    let v1 = wait_for_view(d, 0, &[0, 1, 2], t);
+    wait_for_deliveries(d, 2, v1, 200, t);
+    m.signal(2, libc::SIGSTOP);
+    let v2 = wait_for_view(d, 1, &[0, 1], t);
+    wait_for_deliveries(d, 0, v2, 200, t);
+    m.signal(2, libc::SIGCONT);
+    let (ok, out) = m.wait(2, t);
+    assert!(!ok, "the removed member must fail");
+    assert!(
+        out.contains("was removed from the group") || out.contains("minority partition"),
+        "{out}"
+    );
+    std::fs::write(d.join("stop"), b"").unwrap();
+    for r in [0, 1] {
+        let (ok, out) = m.wait(r, t);
+        assert!(ok, "member {r} failed: {out}");
+    }
+    assert_eq!(end_state(d, 0)["digest"], end_state(d, 1)["digest"]);
+    check_logs(d);
+}
+
+/// `n` consecutive free loopback ports (bound and released).
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..50 {
+        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = first.local_addr().unwrap().port();
+        if base > 65000 {
+            continue;
+        }
+        let rest: Vec<_> = (1..n)
+            .map(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)))
+            .collect();
+        if rest.iter().all(|r| r.is_ok()) {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
