@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Compare `spindle kv serve` (3 backups on shm, one-sided and rpc) with
+# Compare `spindle kv serve` (3 backups, one-sided and rpc, members on shm
+# and on tcp loopback) with
 # Debian's redis-server (a primary and 2 replicas on this host) under
 #   redis-benchmark -t set,get -n 100000 -P 16
 # and, for synchronous replication on both sides, a one-at-a-time
@@ -84,17 +85,20 @@ echo "| server | test | requests/s | p50 ms | p99 ms |"
 echo "|---|---|---|---|---|"
 } > "$out"
 
-# Spindle: one-sided and rpc, 3 backups.
-port=16380
+# Spindle: one-sided and rpc, 3 backups, members on shm and on tcp (tcp
+# members listen on port+1 … port+4, hence the steps of 10).
+port=16300
+for transport in shm tcp; do
 for mode in one-sided rpc; do
-  "$bin" kv serve --port $port --group "cmp-$mode-$$" --backups 3 --mode "$mode" --data-dir "$work/spindle-$mode" > "$work/spindle-$mode.log" 2>&1 &
+  "$bin" kv serve --port $port --group "cmp-$transport-$mode-$$" --backups 3 --mode "$mode" --transport "$transport" \
+    --data-dir "$work/spindle-$transport-$mode" > "$work/spindle-$transport-$mode.log" 2>&1 &
   sp=$!; pids+=("$sp")
   wait_ping $port
-  bench "spindle kv, $mode, 3 backups (acked after every backup has it)" $port >> "$out"
-  echo "$mode" > "$work/sync-$mode-label"
-  sync_writes "spindle kv, $mode, 3 backups: SET" $port nowait > "$work/sync-$mode.md"
+  bench "spindle kv, $transport, $mode, 3 backups (acked after every backup has it)" $port >> "$out"
+  sync_writes "spindle kv, $transport, $mode, 3 backups: SET" $port nowait > "$work/sync-$transport-$mode.md"
   kill "$sp"; wait "$sp" 2>/dev/null || true
-  port=$((port + 1))
+  port=$((port + 10))
+done
 done
 
 # Redis: a primary and 2 replicas, no persistence (like Spindle's memory-first ack).
@@ -119,9 +123,9 @@ echo "## Synchronous writes, one at a time (python3 client, $SYNC_N writes, µs)
 echo
 echo "| server | writes/s | p50 µs | p99 µs | p99.9 µs |"
 echo "|---|---|---|---|---|"
-cat "$work/sync-one-sided.md" "$work/sync-rpc.md" "$work/sync-redis.md"
+cat "$work"/sync-shm-*.md "$work"/sync-tcp-*.md "$work/sync-redis.md"
 echo
-echo "Commands: \`spindle kv serve --port PORT --backups 3 --mode one-sided|rpc\`;"
+echo "Commands: \`spindle kv serve --port PORT --backups 3 --mode one-sided|rpc --transport shm|tcp\`;"
 echo "\`redis-server --save '' --appendonly no\` (+ 2 × \`--replicaof\`);"
 echo "\`redis-benchmark -h 127.0.0.1 -p PORT -t set,get -n $N -P $P -q --csv\`."
 } >> "$out"

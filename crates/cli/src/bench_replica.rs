@@ -2,11 +2,14 @@
 //! replication (the RAMCloud seed's figure), by object size and number of
 //! backups, plus the failover time of the KV service.
 //!
-//! Each configuration runs a fresh shm group in this process: the master
-//! on the calling thread, each backup on its own threads with its own
-//! fabric mapping (the same code as `spindle kv member`). A sample is one
-//! `append` from the call to the acknowledgement (all backups complete),
-//! back to back, after a warm-up.
+//! Each configuration runs a fresh group in this process, on shm or on
+//! tcp (loopback): the master on the calling thread, each backup on its
+//! own threads with its own fabric (the same code as `spindle kv
+//! member`). A sample is one `append` from the call to the
+//! acknowledgement (all backups complete), back to back, after a warm-up.
+//! On tcp a one-sided write completes when every backup's echo of the
+//! guard came back ([`Completion::Echo`]): a push there only hands bytes
+//! to the kernel.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -21,12 +24,14 @@ use hdrhistogram::Histogram;
 use plotters::prelude::*;
 use serde::Serialize;
 use spindle_fabric::shm::{ShmFabric, ShmOptions};
+use spindle_fabric::tcp::{TcpFabric, TcpOptions};
 use spindle_replica::backup::Backup;
 use spindle_replica::config::ServiceConfig;
 use spindle_replica::disk::SegmentDisk;
-use spindle_replica::layout::ReplicaLayout;
+use spindle_replica::layout::{Completion, ReplicaLayout};
 use spindle_replica::log::LogGeometry;
 use spindle_replica::master::Master;
+use spindle_replica::node::Membership;
 use spindle_replica::record::RecordKind;
 use spindle_replica::Mode;
 use spindle_sst::{monotonic_ns, IdleStrategy};
@@ -44,8 +49,9 @@ pub struct ReplicaArgs {
     /// one-sided, rpc, or both.
     #[arg(long, default_value = "both")]
     pub mode: String,
-    /// Fabric: shm (tcp is not built yet).
-    #[arg(long, default_value = "shm")]
+    /// Fabrics, comma-separated: shm, tcp (loopback). Both by default, in
+    /// one run.
+    #[arg(long, default_value = "shm,tcp")]
     pub transport: String,
     /// Samples per configuration (fewer for big objects: at most 256 MiB written per configuration).
     #[arg(long, default_value_t = 20_000)]
@@ -105,11 +111,9 @@ fn parse_list(s: &str, what: &str) -> Result<Vec<usize>, String> {
 }
 
 pub fn run(args: ReplicaArgs) -> Result<(), String> {
-    if args.transport != "shm" {
-        return Err(format!(
-            "--transport {}: only shm exists; the tcp fabric is not built yet",
-            args.transport
-        ));
+    let transports: Vec<&str> = args.transport.split(',').map(str::trim).collect();
+    if let Some(t) = transports.iter().find(|t| !matches!(**t, "shm" | "tcp")) {
+        return Err(format!("--transport {t}: expected shm, tcp or shm,tcp"));
     }
     let sizes = parse_list(&args.object_size, "object-size")?;
     let backups = parse_list(&args.backups, "backups")?;
@@ -131,42 +135,48 @@ pub fn run(args: ReplicaArgs) -> Result<(), String> {
     let mut rows = Vec::new();
     if !args.failover_only {
         println!(
-            "spindle bench replica: write latency to the acknowledgement (ns), shm, offered ≤ {} MB/s, {} CPUs ({})",
-            args.rate_mbps, machine.cpus, machine.cpu_model
+            "spindle bench replica: write latency to the acknowledgement (ns), {}, offered ≤ {} MB/s, {} CPUs ({})",
+            transports.join(" and "),
+            args.rate_mbps,
+            machine.cpus,
+            machine.cpu_model
         );
         println!(
-            "{:>10} {:>8} {:>12} {:>8} {:>9} {:>9} {:>9} {:>10} {:>10}",
-            "mode", "backups", "object_size", "samples", "p50", "p99", "p99.9", "max", "flow_waits"
+            "{:>9} {:>10} {:>8} {:>12} {:>8} {:>9} {:>9} {:>9} {:>10} {:>10}",
+            "transport", "mode", "backups", "object_size", "samples", "p50", "p99", "p99.9", "max", "flow_waits"
         );
-        for &mode in &modes {
-            for &b in &backups {
-                for &size in &sizes {
-                    let count = args.count.min((BYTES_PER_CONFIG_MAX / size).max(100));
-                    let (latency_ns, flow_waits) = measure(mode, b, size, count, idle, args.rate_mbps)?;
-                    println!(
-                        "{:>10} {:>8} {:>12} {:>8} {:>9} {:>9} {:>9} {:>10} {:>10}",
-                        mode.as_str(),
-                        b,
-                        size,
-                        latency_ns.samples,
-                        latency_ns.p50,
-                        latency_ns.p99,
-                        latency_ns.p999,
-                        latency_ns.max,
-                        flow_waits
-                    );
-                    rows.push(Row {
-                        kind: "write".into(),
-                        transport: "shm".into(),
-                        mode: mode.as_str().into(),
-                        backups: b,
-                        object_size: size,
-                        latency_ns,
-                        flow_waits,
-                        rate_mbps: args.rate_mbps,
-                        idle: args.idle.clone(),
-                        machine: machine.clone(),
-                    });
+        for &transport in &transports {
+            for &mode in &modes {
+                for &b in &backups {
+                    for &size in &sizes {
+                        let count = args.count.min((BYTES_PER_CONFIG_MAX / size).max(100));
+                        let (latency_ns, flow_waits) = measure(transport, mode, b, size, count, idle, args.rate_mbps)?;
+                        println!(
+                            "{:>9} {:>10} {:>8} {:>12} {:>8} {:>9} {:>9} {:>9} {:>10} {:>10}",
+                            transport,
+                            mode.as_str(),
+                            b,
+                            size,
+                            latency_ns.samples,
+                            latency_ns.p50,
+                            latency_ns.p99,
+                            latency_ns.p999,
+                            latency_ns.max,
+                            flow_waits
+                        );
+                        rows.push(Row {
+                            kind: "write".into(),
+                            transport: transport.into(),
+                            mode: mode.as_str().into(),
+                            backups: b,
+                            object_size: size,
+                            latency_ns,
+                            flow_waits,
+                            rate_mbps: args.rate_mbps,
+                            idle: args.idle.clone(),
+                            machine: machine.clone(),
+                        });
+                    }
                 }
             }
         }
@@ -207,21 +217,29 @@ pub fn run(args: ReplicaArgs) -> Result<(), String> {
 }
 
 fn summarize(rows: &[Row]) {
-    let find = |mode: &str| {
-        rows.iter()
-            .find(|r| r.mode == mode && r.backups == 3 && r.object_size == 100)
-            .map(|r| r.latency_ns.p50)
-    };
-    if let (Some(one), Some(rpc)) = (find("one-sided"), find("rpc")) {
-        println!(
-            "100 B, 3 backups: one-sided p50 {one} ns vs rpc p50 {rpc} ns: {:.1}× (goal ≥ 3×; p50 goal ≤ 2000 ns)",
-            rpc as f64 / one.max(1) as f64
-        );
+    for transport in ["shm", "tcp"] {
+        let find = |mode: &str| {
+            rows.iter()
+                .find(|r| r.transport == transport && r.mode == mode && r.backups == 3 && r.object_size == 100)
+                .map(|r| r.latency_ns.p50)
+        };
+        if let (Some(one), Some(rpc)) = (find("one-sided"), find("rpc")) {
+            println!(
+                "{transport}, 100 B, 3 backups: one-sided p50 {one} ns vs rpc p50 {rpc} ns: {:.1}×{}",
+                rpc as f64 / one.max(1) as f64,
+                if transport == "shm" {
+                    " (goal ≥ 3×; p50 goal ≤ 2000 ns)"
+                } else {
+                    ""
+                }
+            );
+        }
     }
 }
 
 /// One configuration: a fresh group, `backups` backup threads, `count` appends.
 fn measure(
+    transport: &str,
     mode: Mode,
     backups: usize,
     size: usize,
@@ -239,27 +257,7 @@ fn measure(
         segment_bytes,
         segments_max: 4,
     };
-    let layout = ReplicaLayout::new(members, geometry, mode.as_str());
     let group = format!("rbench-{}-{}", std::process::id(), monotonic_ns() % 1_000_000);
-    let mut options = ShmOptions::new(&group, members, layout.row.row_len_bytes(), layout.row.tag());
-    options.layout_description = layout.row.summary();
-    let data_dir = crate::bench::tempdir("replica")?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut threads = Vec::new();
-    for rank in 1..members {
-        let (options, layout, stop, dir) = (options.clone(), layout.clone(), stop.clone(), data_dir.clone());
-        threads.push(std::thread::spawn(move || -> Result<(), String> {
-            let fabric = Arc::new(ShmFabric::open(&options, rank).map_err(|e| e.to_string())?);
-            spindle_fabric::wait_all_joined(fabric.as_ref(), &options.group, Duration::from_secs(30))
-                .map_err(|e| e.to_string())?;
-            let disk = SegmentDisk::new(dir.join(format!("member-{rank}")));
-            let mut backup = Backup::follow(fabric.clone(), layout, mode, disk, 0, 0, idle)?;
-            while !stop.load(Ordering::Acquire) && !backup.failed() {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            backup.stop()
-        }));
-    }
     let spec = MasterSpec {
         mode,
         backups,
@@ -267,8 +265,93 @@ fn measure(
         count,
         value_bytes_max,
         rate_mbps,
+        idle,
     };
-    let result = run_master(&options, layout, &spec);
+    if transport == "tcp" {
+        let layout = ReplicaLayout::with_completion(members, geometry, mode.as_str(), Completion::Echo);
+        // Bind every listener first (port 0): no race for free ports.
+        let mut listeners = Vec::new();
+        let mut addresses = Vec::new();
+        for _ in 0..members {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind a loopback port: {e}"))?;
+            addresses.push(l.local_addr().map_err(|e| e.to_string())?);
+            listeners.push(Some(l));
+        }
+        let mut options = TcpOptions::new(
+            &group,
+            layout.row.row_len_bytes(),
+            layout.row.tag(),
+            addresses,
+            b"spindle bench replica".to_vec(),
+        );
+        options.join_timeout = Duration::from_secs(30);
+        let listeners = std::sync::Mutex::new(listeners);
+        let open = move |rank: usize| -> Result<Arc<TcpFabric>, String> {
+            let listener = listeners.lock().unwrap_or_else(|p| p.into_inner())[rank]
+                .take()
+                .ok_or_else(|| format!("member {rank} opened twice"))?;
+            Ok(Arc::new(
+                TcpFabric::open_with_listener(&options, rank, listener).map_err(|e| e.to_string())?,
+            ))
+        };
+        run_config(Arc::new(open), layout, &spec, &group)
+    } else {
+        let layout = ReplicaLayout::new(members, geometry, mode.as_str());
+        let mut options = ShmOptions::new(&group, members, layout.row.row_len_bytes(), layout.row.tag());
+        options.layout_description = layout.row.summary();
+        let open = move |rank: usize| -> Result<Arc<ShmFabric>, String> {
+            Ok(Arc::new(ShmFabric::open(&options, rank).map_err(|e| e.to_string())?))
+        };
+        run_config(Arc::new(open), layout, &spec, &group)
+    }
+}
+
+type Opener<F> = Arc<dyn Fn(usize) -> Result<Arc<F>, String> + Send + Sync>;
+
+/// Backups on threads, the master on this one, over any fabric.
+fn run_config<F: Membership>(
+    open: Opener<F>,
+    layout: ReplicaLayout,
+    spec: &MasterSpec,
+    group: &str,
+) -> Result<(Percentiles, u64), String> {
+    let (mode, idle) = (spec.mode, spec.idle);
+    let data_dir = crate::bench::tempdir("replica")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for rank in 1..=spec.backups {
+        let (open, layout, stop, dir, group) = (
+            open.clone(),
+            layout.clone(),
+            stop.clone(),
+            data_dir.clone(),
+            group.to_string(),
+        );
+        threads.push(std::thread::spawn(move || -> Result<(), String> {
+            let fabric = open(rank)?;
+            spindle_fabric::wait_all_joined(
+                fabric.as_ref() as &dyn spindle_fabric::Fabric,
+                &group,
+                Duration::from_secs(30),
+            )
+            .map_err(|e| e.to_string())?;
+            let disk = SegmentDisk::new(dir.join(format!("member-{rank}")));
+            let mut backup = Backup::follow(fabric.clone(), layout, mode, disk, 0, 0, idle)?;
+            // Partner: the Release store of `stop` below.
+            while !stop.load(Ordering::Acquire) && !backup.failed() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let r = backup.stop();
+            // Keep the fabric (and its connections) until the master is done.
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            drop(fabric);
+            r
+        }));
+    }
+    let result = run_master(open.as_ref(), layout, spec, group);
+    // Partner: the Acquire loads in the backup threads.
     stop.store(true, Ordering::Release);
     let mut first_err = result.as_ref().err().cloned();
     for t in threads {
@@ -291,9 +374,15 @@ struct MasterSpec {
     count: usize,
     value_bytes_max: usize,
     rate_mbps: u64,
+    idle: IdleStrategy,
 }
 
-fn run_master(options: &ShmOptions, layout: ReplicaLayout, spec: &MasterSpec) -> Result<(Percentiles, u64), String> {
+fn run_master<F: Membership>(
+    open: &(dyn Fn(usize) -> Result<Arc<F>, String> + Send + Sync),
+    layout: ReplicaLayout,
+    spec: &MasterSpec,
+    group: &str,
+) -> Result<(Percentiles, u64), String> {
     let &MasterSpec {
         mode,
         backups,
@@ -301,10 +390,15 @@ fn run_master(options: &ShmOptions, layout: ReplicaLayout, spec: &MasterSpec) ->
         count,
         value_bytes_max,
         rate_mbps,
+        ..
     } = spec;
-    let fabric = Arc::new(ShmFabric::open(options, 0).map_err(|e| e.to_string())?);
-    spindle_fabric::wait_all_joined(fabric.as_ref(), &options.group, Duration::from_secs(30))
-        .map_err(|e| e.to_string())?;
+    let fabric = open(0)?;
+    spindle_fabric::wait_all_joined(
+        fabric.as_ref() as &dyn spindle_fabric::Fabric,
+        group,
+        Duration::from_secs(30),
+    )
+    .map_err(|e| e.to_string())?;
     let live = fabric.clone();
     let mut master = Master::start(
         fabric.clone(),
@@ -313,7 +407,7 @@ fn run_master(options: &ShmOptions, layout: ReplicaLayout, spec: &MasterSpec) ->
         0,
         (1..=backups).collect(),
         value_bytes_max,
-        Box::new(move |r| spindle_replica::node::alive(&live, r)),
+        Box::new(move |r| live.member_alive(r)),
     )?;
     master.append_record(RecordKind::SnapshotDone, &[], &[], 0)?;
     let value = vec![0x5au8; size];
@@ -456,7 +550,7 @@ fn write_plot(path: &Path, rows: &[Row]) -> Result<(), String> {
         let y_min = (writes.iter().map(|r| r.latency_ns.p50).min().unwrap_or(100) as f64 / 1000.0 / 2.0).max(0.01);
         let mut chart = ChartBuilder::on(&root)
             .caption(
-                "spindle bench replica: median write latency vs object size (shm)",
+                "spindle bench replica: median write latency vs object size (shm and tcp loopback)",
                 ("sans-serif", 20),
             )
             .margin(15)
@@ -478,22 +572,29 @@ fn write_plot(path: &Path, rows: &[Row]) -> Result<(), String> {
             RGBColor(0xc5, 0x30, 0x30),
             RGBColor(0x97, 0x5a, 0x16),
         ];
-        let mut series: Vec<(String, usize)> = writes.iter().map(|r| (r.mode.clone(), r.backups)).collect();
-        series.dedup();
+        let mut series: Vec<(String, String, usize)> = writes
+            .iter()
+            .map(|r| (r.transport.clone(), r.mode.clone(), r.backups))
+            .collect();
         series.sort();
         series.dedup();
-        for (i, (mode, b)) in series.iter().enumerate() {
+        for (i, (transport, mode, b)) in series.iter().enumerate() {
             let color = palette[i % palette.len()];
+            // tcp lines dashed-looking: thinner, so the two fabrics read apart.
+            let width = if transport == "tcp" { 1 } else { 2 };
             let points: Vec<(f64, f64)> = writes
                 .iter()
-                .filter(|r| &r.mode == mode && r.backups == *b)
+                .filter(|r| &r.transport == transport && &r.mode == mode && r.backups == *b)
                 .map(|r| (r.object_size as f64, (r.latency_ns.p50 as f64 / 1000.0).max(y_min)))
                 .collect();
             chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(width)))
                 .map_err(|e| err(&e))?
-                .label(format!("{mode}, {b} backup{}", if *b == 1 { "" } else { "s" }))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                .label(format!(
+                    "{transport} {mode}, {b} backup{}",
+                    if *b == 1 { "" } else { "s" }
+                ))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(width)));
             chart
                 .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
                 .map_err(|e| err(&e))?;

@@ -26,7 +26,7 @@ use spindle_group::{DeliveryMode, SenderSet};
 
 /// Keys of the `[group]` table, with their defaults (as TOML text; `None`:
 /// required or optional without a default).
-pub const GROUP_KEYS: [(&str, Option<&str>); 11] = [
+pub const GROUP_KEYS: [(&str, Option<&str>); 15] = [
     ("name", None),
     ("transport", Some("\"tcp\"")),
     ("mode", Some("\"ordered\"")),
@@ -38,6 +38,10 @@ pub const GROUP_KEYS: [(&str, Option<&str>); 11] = [
     ("peer_timeout_ms", Some("3000")),
     ("idle", Some("\"auto\"")),
     ("batching", Some("true")),
+    ("check_source_addr", Some("true")),
+    ("tls_cert", None),
+    ("tls_key", None),
+    ("tls_ca", None),
 ];
 const MEMBER_KEYS: [&str; 3] = ["id", "address", "listen"];
 /// Key files shorter than this are refused (a guessable key protects nothing).
@@ -57,6 +61,15 @@ pub struct MemberEntry {
     pub listen: Option<String>,
 }
 
+/// The TLS files of a tcp group (paths resolved against the file's
+/// directory).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
 /// A validated group configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GroupFile {
@@ -71,6 +84,12 @@ pub struct GroupFile {
     pub peer_timeout_ms: u64,
     pub idle: String,
     pub batching: bool,
+    /// tcp: refuse a connection whose source address is not the configured
+    /// address of the member id it claims (off behind NAT).
+    pub check_source_addr: bool,
+    /// tcp: TLS with these PEM files (certificate chain, private key, group
+    /// CA), all three or none.
+    pub tls: Option<TlsFiles>,
     /// By id: `members[i].id == i`.
     pub members: Vec<MemberEntry>,
 }
@@ -139,6 +158,39 @@ impl GroupFile {
             Some(toml::Value::Boolean(b)) => b,
             other => return Err(format!("group.batching = {}: expected true or false", show(&other))),
         };
+        let check_source_addr = match get("check_source_addr") {
+            Some(toml::Value::Boolean(b)) => b,
+            other => {
+                return Err(format!(
+                    "group.check_source_addr = {}: expected true or false",
+                    show(&other)
+                ))
+            }
+        };
+        let tls_paths = [
+            string(&get("tls_cert"), "group.tls_cert")?,
+            string(&get("tls_key"), "group.tls_key")?,
+            string(&get("tls_ca"), "group.tls_ca")?,
+        ];
+        let tls = match tls_paths {
+            [Some(cert), Some(key), Some(ca)] => Some(TlsFiles {
+                cert: base_dir.join(cert),
+                key: base_dir.join(key),
+                ca: base_dir.join(ca),
+            }),
+            [None, None, None] => None,
+            [cert, key, ca] => {
+                let missing: Vec<&str> = [("tls_cert", &cert), ("tls_key", &key), ("tls_ca", &ca)]
+                    .iter()
+                    .filter(|(_, v)| v.is_none())
+                    .map(|(k, _)| *k)
+                    .collect();
+                return Err(format!(
+                    "TLS needs group.tls_cert, group.tls_key and group.tls_ca together; missing: group.{}",
+                    missing.join(", group.")
+                ));
+            }
+        };
         let key_file = string(&get("key_file"), "group.key_file")?.map(|k| base_dir.join(k));
         if transport == "tcp" {
             if key_file.is_none() {
@@ -170,6 +222,8 @@ impl GroupFile {
             peer_timeout_ms,
             idle,
             batching,
+            check_source_addr,
+            tls,
             members,
         };
         file.group_config()
@@ -227,6 +281,24 @@ impl GroupFile {
             ));
         }
         Ok(key)
+    }
+
+    /// Check the TLS key file's mode (like `key_file`: no access for group
+    /// or others) and that the three files are readable.
+    pub fn check_tls_files(&self) -> Result<(), String> {
+        let Some(tls) = &self.tls else { return Ok(()) };
+        for (name, path) in [("tls_cert", &tls.cert), ("tls_key", &tls.key), ("tls_ca", &tls.ca)] {
+            let meta = std::fs::metadata(path).map_err(|e| format!("group.{name} = {}: {e}", path.display()))?;
+            use std::os::unix::fs::MetadataExt;
+            if name == "tls_key" && meta.mode() & 0o077 != 0 {
+                return Err(format!(
+                    "group.tls_key = {}: mode {:o} lets others read the private key; chmod 600 it",
+                    path.display(),
+                    meta.mode() & 0o777
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The rank of member `id`, or an error listing the ids.
@@ -461,6 +533,37 @@ mod tests {
         assert_eq!(f.mode, DeliveryMode::Unordered);
         assert_eq!(f.senders, SenderSet::Ranks(vec![1]));
         assert_eq!(f.members[1].address, "10.0.0.2:7101");
+    }
+
+    #[test]
+    fn the_source_address_check_is_on_by_default_and_can_be_turned_off() {
+        assert!(parse(GOOD, &[]).expect("valid").check_source_addr);
+        let off = GOOD.replace("window_slots = 256", "check_source_addr = false");
+        assert!(!parse(&off, &[]).expect("valid").check_source_addr);
+        let env = parse(GOOD, &[("SPINDLE_GROUP_CHECK_SOURCE_ADDR", "false")]).expect("valid");
+        assert!(!env.check_source_addr);
+        let e = parse(&GOOD.replace("window_slots = 256", "check_source_addr = \"no\""), &[]).unwrap_err();
+        assert!(e.contains("group.check_source_addr = \"no\""), "{e}");
+    }
+
+    #[test]
+    fn tls_files_come_as_a_set_relative_to_the_file() {
+        assert_eq!(parse(GOOD, &[]).expect("valid").tls, None);
+        let all = GOOD.replace(
+            "window_slots = 256",
+            "tls_cert = \"m0.pem\"\ntls_key = \"m0.key\"\ntls_ca = \"/etc/ca.pem\"",
+        );
+        let f = parse(&all, &[]).expect("valid");
+        assert_eq!(
+            f.tls,
+            Some(TlsFiles {
+                cert: PathBuf::from("/etc/spindle/m0.pem"),
+                key: PathBuf::from("/etc/spindle/m0.key"),
+                ca: PathBuf::from("/etc/ca.pem"),
+            })
+        );
+        let e = parse(&GOOD.replace("window_slots = 256", "tls_cert = \"m0.pem\""), &[]).unwrap_err();
+        assert!(e.contains("missing: group.tls_key, group.tls_ca"), "{e}");
     }
 
     #[test]

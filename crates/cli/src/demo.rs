@@ -29,6 +29,9 @@ pub struct DemoArgs {
     /// Keep each member's delivery log (JSON lines) in this directory.
     #[arg(long)]
     delivery_log: Option<PathBuf>,
+    /// Skip the membership act (a member killed, the view change, a join).
+    #[arg(long)]
+    no_failure: bool,
 }
 
 pub fn run(args: DemoArgs) -> Result<(), String> {
@@ -126,5 +129,8 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         println!("delivery logs kept in {}", log_dir.display());
     }
     let _ = std::fs::remove_dir_all(&work_dir);
-    Ok(())
+    if args.no_failure {
+        return Ok(());
+    }
+    crate::failover::demo_act()
 }

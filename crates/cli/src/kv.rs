@@ -1,12 +1,19 @@
 //! `spindle kv …`: the replicated key-value service speaking RESP.
 //!
 //! `spindle kv serve` is a supervisor: it starts one process per member
-//! (`spindle kv member`, hidden) on shm — the master (rank 0) and its
-//! backups — and reports what happens to them. The master serves RESP on
-//! `bind:port`; when it dies the lowest live backup recovers, becomes the
-//! master of a new epoch and takes over the same address, so clients
-//! reconnect to where they were. Kill the master (`kill -9 <pid>`, the
-//! pids are printed) to watch a failover.
+//! (`spindle kv member`, hidden) on shm or tcp — the master, its backups
+//! and any spares — and reports what happens to them. The master serves
+//! RESP on `bind:port`; when it dies the lowest live backup recovers,
+//! becomes the master of a new epoch and takes over the same address, so
+//! clients reconnect to where they were. Kill the master (`kill -9 <pid>`,
+//! the pids are printed) to watch a failover; kill a backup with a spare
+//! configured to watch the spare replace it.
+//!
+//! Stopping (Ctrl-C, SIGTERM) is clean: the supervisor sends SIGTERM to
+//! the master first, which stops taking writes and waits until every
+//! backup has sealed its log on disk, then to the others. With
+//! `--data-dir`, a later `spindle kv serve` with the same directory
+//! recovers the store from the backups' segments.
 
 use std::path::PathBuf;
 use std::process::{Child, Command};
@@ -14,9 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use spindle_replica::config::ServiceConfig;
-use spindle_replica::node::{Node, NodeConfig};
-use spindle_replica::server::{bind, serve, ServeOptions, Store};
+use spindle_replica::config::{ServiceConfig, Transport};
+use spindle_replica::node::{Membership, Node, NodeConfig};
+use spindle_replica::server::{bind, serve, ServeOptions};
 use spindle_replica::Mode;
 use spindle_sst::IdleStrategy;
 
@@ -42,14 +49,22 @@ pub struct ServeArgs {
     /// Backups R (overrides the file).
     #[arg(long)]
     pub backups: Option<usize>,
+    /// Spare members that replace a dead backup (overrides the file).
+    #[arg(long)]
+    pub spares: Option<usize>,
     /// Replication mode: one-sided or rpc (overrides the file).
     #[arg(long)]
     pub mode: Option<String>,
+    /// Fabric between the members: shm or tcp (overrides the file; tcp
+    /// without `peers` in the file: loopback, ports port+1 …).
+    #[arg(long)]
+    pub transport: Option<String>,
     /// shm group name (overrides the file).
     #[arg(long)]
     pub group: Option<String>,
     /// Where backups keep their segments (overrides the file; default: a
-    /// fresh directory under the temp dir, removed at exit).
+    /// fresh directory under the temp dir, removed at exit). A directory
+    /// holding an earlier run's segments is recovered from.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
 }
@@ -84,6 +99,12 @@ fn effective_config(args: &ServeArgs) -> Result<(ServiceConfig, bool), String> {
     if let Some(b) = args.backups {
         config.backups = b;
     }
+    if let Some(n) = args.spares {
+        config.spares = n;
+    }
+    if let Some(t) = &args.transport {
+        config.transport = Transport::parse(t).map_err(|e| format!("--transport: {e}"))?;
+    }
     if let Some(m) = &args.mode {
         config.mode = Mode::parse(m).map_err(|e| format!("--mode: {e}"))?;
     }
@@ -113,6 +134,8 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
     drop(std::net::TcpListener::bind(&addr).map_err(|e| format!("cannot serve on {addr}: {e}"))?);
     std::fs::create_dir_all(&config.data_dir).map_err(|e| format!("create {}: {e}", config.data_dir.display()))?;
     let config_path = config.data_dir.join("service.conf");
+    let _ = MASTER_FILE.set(config.data_dir.join("master.rank"));
+    let _ = std::fs::remove_file(master_file());
     std::fs::write(&config_path, config.to_text()).map_err(|e| format!("write {}: {e}", config_path.display()))?;
     // SAFETY: the handler only stores to an atomic (async-signal-safe).
     unsafe {
@@ -135,11 +158,13 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         }
     }
     println!(
-        "spindle kv: RESP on {}:{} — {} replication to {} backups on shm (group '{}', segments in {})",
+        "spindle kv: RESP on {}:{} — {} replication to {} backups ({} spares) on {} (group '{}', segments in {})",
         config.bind,
         config.port,
         config.mode.as_str(),
         config.backups,
+        config.spares,
+        config.transport.as_str(),
         config.group,
         config.data_dir.display()
     );
@@ -147,7 +172,13 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         let pid = c.as_ref().map(|c| c.id()).unwrap_or(0);
         println!(
             "  member {rank}: pid {pid}{}",
-            if rank == 0 { " (master)" } else { " (backup)" }
+            if rank == 0 {
+                " (master, unless a restart picks the member with the newest log)"
+            } else if rank <= config.backups {
+                " (backup)"
+            } else {
+                " (spare)"
+            }
         );
     }
     println!("kill the master's pid to watch a failover; Ctrl-C stops the service");
@@ -170,6 +201,15 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         std::path::Path::new("/dev/shm"),
         &config.group,
     ));
+    // tcp members that keep their rows in a stat file and exit without
+    // unwinding (a master's clean stop ends with `exit`) leave it behind.
+    for rank in 0..config.members() {
+        let _ = std::fs::remove_file(format!(
+            "/dev/shm/{}{}@{rank}",
+            spindle_fabric::tcp::stat::STAT_FILE_PREFIX,
+            config.group
+        ));
+    }
     if temp_data {
         let _ = std::fs::remove_dir_all(&config.data_dir);
     }
@@ -179,23 +219,79 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Kill every member first, backups before the master, then reap them
-/// (killing and reaping one by one would start failovers on the way out).
+/// How long a clean stop may take before members are killed.
+const STOP_WAIT: Duration = Duration::from_secs(20);
+
+/// Stop every member: SIGTERM to the master first (it stops taking
+/// writes, waits for every backup to seal its log and exits; the backups
+/// then exit on their own), then to the rest; whoever is still there
+/// after [`STOP_WAIT`] is killed. Every member is reaped.
 fn stop_all(children: &mut [Option<Child>]) {
-    for child in children.iter_mut().rev().flatten() {
-        let _ = child.kill();
+    let term = |c: &Child| {
+        // SAFETY: kill(2) on the pid of a child we have not reaped yet
+        // (so the pid is not reused); no memory effects.
+        unsafe {
+            libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+        }
+    };
+    let started = std::time::Instant::now();
+    let wait_exit = |c: &mut Child, until: Duration| loop {
+        if !matches!(c.try_wait(), Ok(None)) || started.elapsed() > until {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let master = master_rank(children);
+    if let Some(Some(c)) = master.map(|m| &mut children[m]) {
+        term(c);
+        wait_exit(c, STOP_WAIT / 2);
     }
-    for child in children.iter_mut().flatten() {
-        let _ = child.wait();
+    for c in children.iter_mut().flatten() {
+        if matches!(c.try_wait(), Ok(None)) {
+            term(c);
+        }
+    }
+    for c in children.iter_mut().flatten() {
+        wait_exit(c, STOP_WAIT);
+        let _ = c.kill();
+        let _ = c.wait();
     }
 }
+
+/// The rank whose member serves the RESP port now: the member that
+/// announced it in the pid file, else the lowest running rank.
+fn master_rank(children: &mut [Option<Child>]) -> Option<usize> {
+    let announced = std::fs::read_to_string(master_file())
+        .ok()
+        .and_then(|t| t.trim().parse::<usize>().ok())
+        .filter(|r| *r < children.len());
+    announced.or_else(|| {
+        children
+            .iter_mut()
+            .position(|c| c.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None))))
+    })
+}
+
+/// Where the current master writes its rank (in the data directory).
+fn master_file() -> PathBuf {
+    MASTER_FILE
+        .get()
+        .cloned()
+        .unwrap_or_else(|| std::env::temp_dir().join("spindle-kv-master-unknown"))
+}
+
+static MASTER_FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 fn run_member(args: MemberArgs) -> Result<(), String> {
     // SAFETY: prctl(PR_SET_PDEATHSIG) has no memory effects; it makes the
     // kernel kill this member when the supervisor dies, so members never
-    // outlive `spindle kv serve`.
+    // outlive `spindle kv serve`. The handlers only store to an atomic
+    // (async-signal-safe); SIGINT (a terminal's Ctrl-C reaches the whole
+    // process group) is ignored: the supervisor orders the stop.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
     let text = std::fs::read_to_string(&args.config).map_err(|e| format!("read {}: {e}", args.config.display()))?;
     let config = ServiceConfig::parse(&text)?;
@@ -206,35 +302,49 @@ fn run_member(args: MemberArgs) -> Result<(), String> {
             config.members()
         ));
     }
-    let node = Node::open(
-        NodeConfig {
-            group: config.group.clone(),
-            members: config.members(),
-            mode: config.mode,
-            geometry: config.geometry,
-            value_bytes_max: config.value_bytes_max,
-            memory_bytes_max: config.memory_bytes_max,
-            data_dir: config.data_dir.clone(),
-            idle: IdleStrategy::DEFAULT_BACKOFF,
-            join_timeout: Duration::from_secs(30),
-        },
-        args.rank,
-    )?;
-    let stop = AtomicBool::new(false);
-    let Some(leader) = node.run_until_master(&stop)? else {
+    let node_config = NodeConfig {
+        group: config.group.clone(),
+        members: config.members(),
+        backups: config.backups,
+        mode: config.mode,
+        geometry: config.geometry,
+        value_bytes_max: config.value_bytes_max,
+        memory_bytes_max: config.memory_bytes_max,
+        data_dir: config.data_dir.clone(),
+        idle: IdleStrategy::DEFAULT_BACKOFF,
+        join_timeout: Duration::from_secs(30),
+    };
+    match config.transport {
+        Transport::Shm => member_main(Node::open(node_config, args.rank)?, &config, args.rank),
+        Transport::Tcp => {
+            let addresses = config.tcp_addresses()?;
+            let key = config.key.as_bytes().to_vec();
+            member_main(
+                Node::open_tcp(node_config, args.rank, addresses, key)?,
+                &config,
+                args.rank,
+            )
+        }
+    }
+}
+
+fn member_main<F: Membership>(node: Node<F>, config: &ServiceConfig, rank: usize) -> Result<(), String> {
+    let Some(leader) = node.run_until_master(&STOP)? else {
         return Ok(());
     };
     let addr = format!("{}:{}", config.bind, config.port);
     let listener = bind(&addr, Duration::from_secs(10))?;
-    let mut info_extra = format!("member_rank:{}\r\n", args.rank);
+    let _ = std::fs::write(config.data_dir.join("master.rank"), rank.to_string());
+    let mut info_extra = format!("member_rank:{rank}\r\ntransport:{}\r\n", config.transport.as_str());
     match &leader.recovery {
         Some(r) => {
             println!(
-                "spindle kv: member {} is master of epoch {} (recovered {} objects from epoch {}: {} records, log end {} ≥ guard {}{}; {:.1} ms)",
-                args.rank,
+                "spindle kv: member {} is master of epoch {} (recovered {} objects from epoch {}{}: {} records, log end {} ≥ guard {}{}; {:.1} ms)",
+                rank,
                 leader.master.epoch(),
                 r.objects,
                 r.from_epoch,
+                if r.unsealed { ", unsealed" } else { "" },
                 r.records,
                 r.end,
                 r.guard,
@@ -246,18 +356,16 @@ fn run_member(args: MemberArgs) -> Result<(), String> {
                 r.from_epoch, r.objects
             ));
         }
-        None => println!("spindle kv: member {} is master of epoch 0, serving {addr}", args.rank),
+        None => println!("spindle kv: member {rank} is master of epoch 0, serving {addr}"),
     }
     serve(
         listener,
-        Store {
-            master: leader.master,
-            objects: leader.objects,
-        },
+        leader,
         ServeOptions {
             clients_max: config.clients_max,
             value_bytes_max: config.value_bytes_max,
             info_extra,
+            stop: Some(&STOP),
         },
     )
 }

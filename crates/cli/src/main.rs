@@ -10,6 +10,7 @@ mod bench;
 mod bench_replica;
 mod config;
 mod demo;
+mod failover;
 mod kv;
 mod member;
 mod payload;
@@ -77,6 +78,9 @@ enum BenchCommand {
     Multicast(bench::MulticastArgs),
     /// One-sided vs RPC object replication (RAMCloud): write latency.
     Replica(bench_replica::ReplicaArgs),
+    /// Membership: time from a member's failure to the new view at every
+    /// survivor, and throughput right after.
+    Failover(failover::FailoverArgs),
 }
 
 fn main() -> ExitCode {
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Bench(BenchCommand::Multicast(args)) => bench::run(args),
         Command::Bench(BenchCommand::Replica(args)) => bench_replica::run(args),
+        Command::Bench(BenchCommand::Failover(args)) => failover::bench(args),
         Command::Stat(args) => stat::run(args),
         Command::Run(args) => run::run(args),
         Command::Kv(command) => kv::run(command),

@@ -107,11 +107,27 @@ impl MemberSpec {
             addresses,
             key,
         );
+        // Rows in /dev/shm/spindle@tcp-<group>@<rank>, for `spindle stat`
+        // (which rebuilds the layout from the description).
+        options.stat_dir = Some(PathBuf::from("/dev/shm"));
+        options.layout_description = layout.row.summary();
         options.listen = match &self.listen {
             Some(l) => Some(crate::config::resolve(l).map_err(|e| format!("listen address: {e}"))?),
             None => None,
         };
         options.join_timeout = Duration::from_millis(self.join_timeout_ms);
+        // group.check_source_addr = false (`spindle run` sets this variable).
+        options.check_source_addr = std::env::var(CHECK_SOURCE_ADDR_ENV).map_or(true, |v| v != "false");
+        if let (Ok(cert), Ok(key), Ok(ca)) = (
+            std::env::var(TLS_CERT_ENV),
+            std::env::var(TLS_KEY_ENV),
+            std::env::var(TLS_CA_ENV),
+        ) {
+            let tls =
+                spindle_fabric::tcp::tls::TlsConfig::from_files(Path::new(&cert), Path::new(&key), Path::new(&ca))
+                    .map_err(|e| e.to_string())?;
+            options.tls = Some(tls);
+        }
         // Coalesce pushes; `drive` flushes once per progress pass.
         options.coalesce = true;
         options.flush_on_ring = false;
@@ -129,6 +145,15 @@ impl MemberSpec {
         dir.join(format!("latency-{rank}.bin"))
     }
 }
+
+/// tcp: `false` turns the fabric's source-address check off
+/// (`group.check_source_addr`; `spindle run` sets it for its member).
+pub const CHECK_SOURCE_ADDR_ENV: &str = "SPINDLE_TCP_CHECK_SOURCE_ADDR";
+/// tcp: TLS certificate, key and CA files (`group.tls_*`; `spindle run`
+/// sets them for its member).
+pub const TLS_CERT_ENV: &str = "SPINDLE_TCP_TLS_CERT";
+pub const TLS_KEY_ENV: &str = "SPINDLE_TCP_TLS_KEY";
+pub const TLS_CA_ENV: &str = "SPINDLE_TCP_TLS_CA";
 
 /// The idle strategies of the bench and `spindle run`: sst's `spin` and
 /// `backoff`, plus `park`: a short spin, no yields, then park on the
@@ -244,7 +269,18 @@ fn drive<F: Fabric>(
     let burst_msgs = (burst_bytes / spec.size.max(1)).clamp(1, 64) as u64;
     let self_check = spec.self_check;
     let mut sent_checksum = 0u64;
+    // The delivery log has a line per installed view, written before the
+    // view's first delivery (or at the end if it had none).
+    let pending_view = std::cell::RefCell::new(Some((group.core().view(), group.core().members().to_vec())));
+    let mut current_view = group.core().view();
     let mut deliver = |d: &spindle_group::Delivery<'_>| {
+        if let Some(log) = tally.log.as_mut() {
+            if let Some((view, members)) = pending_view.borrow_mut().take() {
+                if let Err(e) = log.record_view(view, &members) {
+                    tally.log_error.get_or_insert(e.to_string());
+                }
+            }
+        }
         let sum = if d.sender_rank != rank || self_check {
             payload::checksum(d.payload)
         } else {
@@ -297,6 +333,10 @@ fn drive<F: Fabric>(
         }
         let before = group.core().counters().values[spindle_group::counters::DELIVERED_MSGS];
         let work = group.poll(&mut deliver).map_err(|e| e.to_string())?;
+        if group.core().view() != current_view {
+            current_view = group.core().view();
+            *pending_view.borrow_mut() = Some((current_view, group.core().members().to_vec()));
+        }
         flush(group.core().fabric());
         if wait_ns > 0 && work == 0 {
             let bell = group.core().fabric().doorbell();
@@ -330,6 +370,10 @@ fn drive<F: Fabric>(
         return Err(format!("writing the delivery log: {e}"));
     }
     if let Some(log) = tally.log.as_mut() {
+        if let Some((view, members)) = pending_view.borrow_mut().take() {
+            log.record_view(view, &members)
+                .map_err(|e| format!("write the delivery log: {e}"))?;
+        }
         log.flush().map_err(|e| format!("flush delivery log: {e}"))?;
     }
     let elapsed_ns = (t_last - t0).max(1);

@@ -56,6 +56,17 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     } else {
         String::new()
     };
+    if file.transport == "tcp" && !file.check_source_addr {
+        // Read by the member's tcp options (single-threaded here still).
+        std::env::set_var(crate::member::CHECK_SOURCE_ADDR_ENV, "false");
+    }
+    if let (true, Some(tls)) = (file.transport == "tcp", &file.tls) {
+        file.check_tls_files()?;
+        // Read by the member's tcp options, like the variable above.
+        std::env::set_var(crate::member::TLS_CERT_ENV, &tls.cert);
+        std::env::set_var(crate::member::TLS_KEY_ENV, &tls.key);
+        std::env::set_var(crate::member::TLS_CA_ENV, &tls.ca);
+    }
     let result_dir = crate::bench::tempdir("run")?;
     let spec = MemberSpec {
         group: file.name.clone(),

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::Serialize;
 use spindle_fabric::shm::{group_file_path, validate_group_name, GroupFile};
+use spindle_fabric::tcp::stat::{stat_file_path, StatReader};
 use spindle_group::counters::{self, COUNTER_NAMES};
 use spindle_group::layout::SmcLayout;
 use spindle_group::{DeliveryMode, GroupConfig, SenderSet};
@@ -141,10 +142,16 @@ fn print_gone(args: &StatArgs, why: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// One group as seen in one refresh.
+/// One group as seen in one refresh: an shm group file, or one tcp
+/// member's stat file (that member's view of the group).
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct GroupStat {
     pub group: String,
+    /// "shm" or "tcp".
+    pub transport: &'static str,
+    /// tcp: whose view this is (the member that wrote the file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub view_of: Option<usize>,
     pub path: String,
     /// Some member holds the file's live lock.
     pub live: bool,
@@ -163,7 +170,8 @@ pub(crate) struct GroupStat {
 pub(crate) struct MemberStat {
     pub rank: usize,
     pub pid: u32,
-    /// "empty", "running", "left" or "crashed".
+    /// "empty", "running", "left" or "crashed"; in a tcp member's view,
+    /// its peers are "connected", "waiting", "left", "gone" or "fault".
     pub state: String,
     pub joined_unix_ns: u64,
     pub left_unix_ns: u64,
@@ -203,23 +211,38 @@ impl RowStat {
     }
 }
 
-/// Every group in `dir`, or only `group` (an error naming it if absent).
+/// Every group in `dir` (shm group files, then the stat files of the tcp
+/// members on this host), or only `group` (an error naming it if absent).
 pub(crate) fn collect(dir: &Path, group: Option<&str>) -> Result<Vec<GroupStat>, String> {
-    let files = match group {
+    let (files, tcp) = match group {
         Some(name) => {
             validate_group_name(name).map_err(|e| e.to_string())?;
             let path = group_file_path(dir, name);
-            if !path.exists() {
+            let tcp = StatReader::list(dir, Some(name)).map_err(|e| e.to_string())?;
+            if !path.exists() && tcp.is_empty() {
                 return Err(format!(
-                    "no Spindle group named '{name}' on this host ({} does not exist)",
-                    path.display()
+                    "no Spindle group named '{name}' on this host ({} does not exist, and no tcp member of it runs here: no {})",
+                    path.display(),
+                    stat_file_path(dir, name, 0).display().to_string().replace("@0", "@<id>")
                 ));
             }
-            vec![GroupFile::open(dir, name).map_err(|e| format!("group '{name}': {e}"))?]
+            let files = if path.exists() {
+                vec![GroupFile::open(dir, name).map_err(|e| format!("group '{name}': {e}"))?]
+            } else {
+                Vec::new()
+            };
+            (files, tcp)
         }
-        None => GroupFile::list(dir).map_err(|e| e.to_string())?,
+        None => (
+            GroupFile::list(dir).map_err(|e| e.to_string())?,
+            StatReader::list(dir, None).map_err(|e| e.to_string())?,
+        ),
     };
-    Ok(files.iter().map(read_group).collect())
+    Ok(files
+        .iter()
+        .map(read_group)
+        .chain(tcp.iter().map(read_tcp_member))
+        .collect())
 }
 
 /// The shape recovered from a layout summary.
@@ -270,10 +293,25 @@ fn parse_layout(description: &str) -> Result<LayoutShape, String> {
 /// Rebuild the members' row layout from the file's header, and check it
 /// against the header's tag and row length before trusting its offsets.
 fn recover_layout(file: &GroupFile) -> Result<SmcLayout, String> {
-    let description = file.layout_description();
-    let shape = parse_layout(&description)?;
     let header = file.header();
-    let member_count = file.member_count();
+    recover_layout_from(
+        &file.group,
+        &file.layout_description(),
+        file.member_count(),
+        header.layout_tag.load(Ordering::Relaxed),
+        header.row_len_bytes.load(Ordering::Relaxed) as usize,
+    )
+}
+
+/// As [`recover_layout`], from the fields of any header (shm or tcp).
+fn recover_layout_from(
+    group: &str,
+    description: &str,
+    member_count: usize,
+    header_tag: u64,
+    header_row_len: usize,
+) -> Result<SmcLayout, String> {
+    let shape = parse_layout(description)?;
     if shape.members != member_count || member_count > spindle_fabric::MEMBERS_MAX {
         return Err(format!(
             "the header says {member_count} members, the layout {}",
@@ -286,7 +324,7 @@ fn recover_layout(file: &GroupFile) -> Result<SmcLayout, String> {
             shape.senders, shape.members
         ));
     }
-    let mut config = GroupConfig::new(&file.group, shape.members);
+    let mut config = GroupConfig::new(group, shape.members);
     // Only the number of senders shapes the row, not which ranks send.
     config.senders = SenderSet::Ranks((0..shape.senders).collect());
     config.mode = shape.mode;
@@ -295,8 +333,6 @@ fn recover_layout(file: &GroupFile) -> Result<SmcLayout, String> {
     // Bounds the sizes before the layout builder multiplies them.
     config.validate().map_err(|e| e.to_string())?;
     let layout = SmcLayout::new(&config);
-    let header_tag = header.layout_tag.load(Ordering::Relaxed);
-    let header_row_len = header.row_len_bytes.load(Ordering::Relaxed) as usize;
     if layout.row.tag() != shape.tag || layout.row.tag() != header_tag {
         return Err(format!(
             "tag {:#x} rebuilt from the description, {:#x} in the description, {header_tag:#x} in the header",
@@ -328,12 +364,14 @@ fn read_group(file: &GroupFile) -> GroupStat {
                 state: file.member_state(rank).to_string(),
                 joined_unix_ns: slot.joined_unix_ns.load(Ordering::Relaxed),
                 left_unix_ns: slot.left_unix_ns.load(Ordering::Relaxed),
-                row: layout.as_ref().ok().map(|l| read_row(file, l, rank)),
+                row: layout.as_ref().ok().map(|l| read_row(file.row(rank), l)),
             }
         })
         .collect();
     GroupStat {
         group: file.group.clone(),
+        transport: "shm",
+        view_of: None,
         path: file.path.display().to_string(),
         live: file.live,
         layout: file.layout_description(),
@@ -346,8 +384,59 @@ fn read_group(file: &GroupFile) -> GroupStat {
     }
 }
 
-fn read_row(file: &GroupFile, layout: &SmcLayout, rank: usize) -> RowStat {
-    let row = file.row(rank);
+/// One tcp member's stat file: its own row and its copies of its peers'
+/// rows, with its view of each connection.
+fn read_tcp_member(file: &StatReader) -> GroupStat {
+    let header = file.header();
+    let member_count = file.member_count().min(spindle_fabric::MEMBERS_MAX);
+    let group = file.group();
+    let layout = recover_layout_from(
+        &group,
+        &file.layout_description(),
+        member_count,
+        header.layout_tag.load(Ordering::Relaxed),
+        header.row_len_bytes.load(Ordering::Relaxed) as usize,
+    );
+    let me = file.rank();
+    let members = (0..member_count)
+        .map(|rank| MemberStat {
+            rank,
+            pid: if rank == me {
+                header.pid.load(Ordering::Relaxed)
+            } else {
+                0
+            },
+            state: match (rank == me, file.live) {
+                (true, true) => "running".to_string(),
+                (true, false) => "crashed".to_string(),
+                (false, _) => file.peer_state(rank).to_string(),
+            },
+            joined_unix_ns: if rank == me {
+                header.started_unix_ns.load(Ordering::Relaxed)
+            } else {
+                0
+            },
+            left_unix_ns: 0,
+            row: layout.as_ref().ok().map(|l| read_row(file.row(rank), l)),
+        })
+        .collect();
+    GroupStat {
+        group,
+        transport: "tcp",
+        view_of: Some(me),
+        path: file.path.display().to_string(),
+        live: file.live,
+        layout: file.layout_description(),
+        unknown_layout: layout
+            .as_ref()
+            .err()
+            .map(|e| format!("the group's layout is unknown to this version of spindle ({e})")),
+        senders: layout.as_ref().map(|l| l.senders).unwrap_or(0),
+        members,
+    }
+}
+
+fn read_row(row: spindle_fabric::RowRef<'_>, layout: &SmcLayout) -> RowStat {
     let load = |offset: usize| row.u64_at(offset).load(Ordering::Relaxed);
     let vector =
         |column: &spindle_sst::U64VectorColumn| (0..column.len()).map(|i| load(column.offset(i))).collect::<Vec<u64>>();
@@ -382,7 +471,7 @@ fn add_rates(groups: &mut [GroupStat], previous: &[GroupStat], elapsed: Duration
         return;
     }
     for group in groups.iter_mut() {
-        let Some(prev_group) = previous.iter().find(|g| g.group == group.group) else {
+        let Some(prev_group) = previous.iter().find(|g| g.group == group.group && g.path == group.path) else {
             continue;
         };
         for member in group.members.iter_mut() {
@@ -432,12 +521,15 @@ pub(crate) fn render_table(dir: &Path, groups: &[GroupStat]) -> String {
 }
 
 fn render_group(out: &mut String, group: &GroupStat) {
+    let liveness = match (group.view_of, group.live) {
+        (None, true) => "live".to_string(),
+        (None, false) => "stale (no live member)".to_string(),
+        (Some(r), true) => format!("tcp, as member {r} sees it, live"),
+        (Some(r), false) => format!("tcp, as member {r} saw it, stale (member {r} crashed)"),
+    };
     out.push_str(&format!(
         "group {}  {}  {}\n  layout: {}\n",
-        group.group,
-        if group.live { "live" } else { "stale (no live member)" },
-        group.path,
-        group.layout
+        group.group, liveness, group.path, group.layout
     ));
     if let Some(why) = &group.unknown_layout {
         out.push_str(&format!("  {why}\n"));
@@ -577,6 +669,108 @@ mod tests {
         group.finish(&mut |_| {}, Duration::from_secs(30)).expect("finish");
     }
 
+    /// A tcp member (rows in a stat file in `stat_dir`), otherwise as
+    /// [`member`].
+    fn tcp_member(
+        config: GroupConfig,
+        rank: usize,
+        options: spindle_fabric::tcp::TcpOptions,
+        listener: std::net::TcpListener,
+        done: Arc<AtomicUsize>,
+        stop: Arc<AtomicBool>,
+    ) {
+        let total = PER_SENDER * config.members as u64;
+        let fabric = spindle_fabric::tcp::TcpFabric::open_with_listener(&options, rank, listener).expect("open");
+        let mut group = Group::join(Arc::new(fabric), config).expect("join");
+        let sender = group.sender().expect("every member sends");
+        let (mut sent, mut delivered) = (0u64, 0u64);
+        let mut announced = false;
+        while !stop.load(Ordering::Acquire) {
+            while sent < PER_SENDER {
+                match sender.send(&[rank as u8 + 1; PAYLOAD_BYTES]) {
+                    Ok(()) => sent += 1,
+                    Err(SendError::WouldBlock) => break,
+                    Err(e) => panic!("send: {e}"),
+                }
+            }
+            group.poll_or_idle(&mut |_| delivered += 1).expect("poll");
+            if delivered >= total && !announced {
+                announced = true;
+                done.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        assert_eq!(delivered, total);
+        group.finish(&mut |_| {}, Duration::from_secs(30)).expect("finish");
+    }
+
+    #[test]
+    fn stat_lists_each_tcp_member_with_its_view_of_the_group() {
+        let dir = tempfile::tempdir().expect("temporary stat directory");
+        let name = format!("stat-tcp-{}", std::process::id());
+        let mut config = GroupConfig::new(&name, 2);
+        config.window_slots = 16;
+        config.slot_payload_max = 64;
+        let layout = SmcLayout::new(&config);
+        let listeners: Vec<std::net::TcpListener> = (0..2)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
+            .collect();
+        let addresses = listeners.iter().map(|l| l.local_addr().expect("addr")).collect();
+        let mut options = spindle_fabric::tcp::TcpOptions::new(
+            &name,
+            layout.row.row_len_bytes(),
+            layout.row.tag(),
+            addresses,
+            b"stat test key".to_vec(),
+        );
+        options.stat_dir = Some(dir.path().to_path_buf());
+        options.layout_description = layout.row.summary();
+        let done = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(rank, l)| {
+                let (config, options, done, stop) = (config.clone(), options.clone(), done.clone(), stop.clone());
+                std::thread::spawn(move || tcp_member(config, rank, options, l, done, stop))
+            })
+            .collect();
+        let started = Instant::now();
+        while done.load(Ordering::Acquire) < 2 && !threads.iter().any(|t| t.is_finished()) {
+            assert!(started.elapsed() < Duration::from_secs(60), "members stalled");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let snapshot = collect(dir.path(), Some(&name));
+        let everything = collect(dir.path(), None);
+        stop.store(true, Ordering::Release);
+        for t in threads {
+            t.join().expect("member thread");
+        }
+        let groups = snapshot.expect("collect");
+        assert_eq!(groups.len(), 2, "one view per tcp member");
+        assert_eq!(everything.expect("collect all").len(), 2);
+        for (me, group) in groups.iter().enumerate() {
+            assert_eq!((group.transport, group.view_of), ("tcp", Some(me)));
+            assert!(group.live);
+            assert!(group.unknown_layout.is_none(), "{:?}", group.unknown_layout);
+            assert_eq!(group.members.len(), 2);
+            for m in &group.members {
+                let want = if m.rank == me { "running" } else { "connected" };
+                assert_eq!(m.state, want);
+                let row = m.row.as_ref().expect("row read");
+                // The guard is pushed to the peers (the counters are not).
+                assert_eq!(row.published_slots, PER_SENDER, "member {} as {me} sees it", m.rank);
+            }
+            let own = group.members[me].row.as_ref().expect("own row");
+            assert_eq!(own.counter(counters::SENT_MSGS), PER_SENDER);
+            assert_eq!(own.counter(counters::DELIVERED_MSGS), 2 * PER_SENDER);
+        }
+        let table = render_table(dir.path(), &groups);
+        assert!(table.contains("tcp, as member 1 sees it, live"), "{table}");
+        assert!(table.contains("connected"), "{table}");
+        // Closed members leave no stat file behind.
+        assert!(collect(dir.path(), Some(&name)).is_err());
+    }
+
     #[test]
     fn stat_reads_a_live_two_member_group() {
         let name = format!("stat-test-{}", std::process::id());
@@ -673,6 +867,8 @@ mod tests {
         };
         let group = |pids: [u32; 2], delivered: u64| GroupStat {
             group: "g".into(),
+            transport: "shm",
+            view_of: None,
             path: "/dev/shm/spindle-g".into(),
             live: true,
             layout: String::new(),

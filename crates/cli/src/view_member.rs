@@ -257,6 +257,7 @@ fn drive<F: Fabric>(mut group: Group<F>, args: &ViewMemberArgs, app: &mut App) -
                 "{{\"t_ns\":{now},\"member\":{},\"delivered\":{}}}",
                 args.rank, app.delivered
             );
+            let _ = app.events.flush();
             if stop.exists() {
                 break;
             }

@@ -1,7 +1,9 @@
-//! End-to-end tests of `spindle kv serve`: real member processes on shm,
-//! driven over TCP with raw RESP and with a real Redis client library
-//! (the `redis` crate), through failovers (the master SIGKILLed), with a
-//! concurrent client history checked for linearizability.
+//! End-to-end tests of `spindle kv serve`: real member processes on shm
+//! (and on the tcp fabric), driven over TCP with raw RESP and with a real
+//! Redis client library (the `redis` crate), through failovers (the
+//! master SIGKILLed), with a concurrent client history checked for
+//! linearizability; a spare replacing a killed backup; a restart from the
+//! data directory after a clean stop.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -18,7 +20,10 @@ struct Service {
     port: u16,
     member_pids: Vec<u32>,
     lines: mpsc::Receiver<String>,
-    _dir: tempfile::TempDir,
+    seen: std::cell::RefCell<Vec<String>>,
+    data_dir: std::path::PathBuf,
+    group: String,
+    _dir: Option<tempfile::TempDir>,
 }
 
 fn free_port() -> u16 {
@@ -27,16 +32,36 @@ fn free_port() -> u16 {
 
 impl Service {
     fn start(backups: usize, mode: &str) -> Service {
-        static N: AtomicU64 = AtomicU64::new(0);
         // Segment files on tmpfs: fsyncs on a disk shared with busy builds
         // can stall for seconds; these tests check the service, not the disk.
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let path = dir.path().to_path_buf();
+        Service::start_with(backups, mode, &[], &path, Some(dir))
+    }
+
+    /// A service with extra `spindle kv serve` arguments, its segments in
+    /// `data_dir` (removed with `dir` when given).
+    fn start_with(
+        backups: usize,
+        mode: &str,
+        extra: &[&str],
+        data_dir: &std::path::Path,
+        dir: Option<tempfile::TempDir>,
+    ) -> Service {
+        static N: AtomicU64 = AtomicU64::new(0);
         let port = free_port();
         let group = format!("kvt-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let spares: usize = extra
+            .iter()
+            .position(|a| *a == "--spares")
+            .map(|i| extra[i + 1].parse().unwrap())
+            .unwrap_or(0);
         let mut supervisor = Command::new(env!("CARGO_BIN_EXE_spindle"))
             .args(["kv", "serve", "--port", &port.to_string(), "--group", &group])
-            .args(["--backups", &backups.to_string(), "--mode", mode, "--data-dir"])
-            .arg(dir.path())
+            .args(["--backups", &backups.to_string(), "--mode", mode])
+            .args(extra)
+            .arg("--data-dir")
+            .arg(data_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -55,16 +80,28 @@ impl Service {
             port,
             member_pids: Vec::new(),
             lines,
+            seen: std::cell::RefCell::new(Vec::new()),
+            data_dir: data_dir.to_path_buf(),
+            group: group.clone(),
             _dir: dir,
         };
-        while service.member_pids.len() < backups + 1 {
+        while service.member_pids.len() < backups + 1 + spares {
             let line = service.wait_line("member ");
             if let Some(pid) = line.split("pid ").nth(1).and_then(|s| s.split_whitespace().next()) {
                 service.member_pids.push(pid.parse().unwrap());
             }
         }
-        service.wait_line("is master of epoch 0");
+        let line = service.wait_line("is master of epoch");
+        service.seen.borrow_mut().push(line);
         service
+    }
+
+    /// A line already seen by `start` or the next one containing `needle`.
+    fn wait_line_seen(&self, needle: &str) -> String {
+        if let Some(l) = self.seen.borrow().iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        self.wait_line(needle)
     }
 
     /// The next stdout line containing `needle` (bounded wait: a hang
@@ -94,7 +131,11 @@ impl Service {
 
 impl Drop for Service {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on the supervisor we spawned; it stops its members.
+        if !matches!(self.supervisor.try_wait(), Ok(None)) {
+            return; // already reaped: its pid may belong to someone else now
+        }
+        // SAFETY: kill(2) on the supervisor we spawned and have not reaped
+        // (so the pid is still ours); it stops its members.
         unsafe { libc::kill(self.supervisor.id() as i32, libc::SIGTERM) };
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(10) {
@@ -306,7 +347,13 @@ fn redis_client_library_works_and_survives_a_failover() {
 /// Concurrent clients read, write and increment three keys while the
 /// master is SIGKILLed; the history must be linearizable.
 fn linearizable_across_failover(mode: &str) {
-    let service = Service::start(3, mode);
+    linearizable_across_failover_on(mode, "shm");
+}
+
+fn linearizable_across_failover_on(mode: &str, transport: &str) {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let path = dir.path().to_path_buf();
+    let service = Service::start_with(3, mode, &["--transport", transport], &path, Some(dir));
     let started = Instant::now();
     let done = Arc::new(AtomicU64::new(0));
     let clients = 4;
@@ -384,4 +431,172 @@ fn history_across_a_failover_is_linearizable_one_sided() {
 #[test]
 fn history_across_a_failover_is_linearizable_rpc() {
     linearizable_across_failover("rpc");
+}
+
+/// Over the tcp fabric, where pipelined writes are group-committed (one
+/// wait for every backup's echo per batch).
+#[test]
+fn history_across_a_failover_is_linearizable_tcp() {
+    linearizable_across_failover_on("one-sided", "tcp");
+}
+
+#[test]
+fn tcp_transport_serves_and_survives_a_failover() {
+    let service = Service::start_with(
+        2,
+        "one-sided",
+        &["--transport", "tcp"],
+        &tempfile::tempdir_in("/dev/shm").unwrap().keep(),
+        None,
+    );
+    let data_dir = service.data_dir.clone();
+    let mut c = service.connect();
+    assert!(c.call(&["INFO"]).unwrap().contains("transport:tcp"));
+    for i in 0..300 {
+        assert_eq!(c.call(&["SET", &format!("k{i}"), &format!("v{i}")]).unwrap(), "+OK");
+    }
+    service.kill_member(0);
+    service.wait_line("member 1 is master of epoch 1");
+    let mut c = service.connect();
+    for i in 0..300 {
+        assert_eq!(
+            c.call(&["GET", &format!("k{i}")]).unwrap(),
+            format!("v{i}"),
+            "durability: k{i}"
+        );
+    }
+    assert_eq!(c.call(&["SET", "after", "failover"]).unwrap(), "+OK");
+    drop(c);
+    drop(service);
+    let _ = std::fs::remove_dir_all(data_dir);
+}
+
+#[test]
+fn a_spare_replaces_a_killed_backup() {
+    let service = Service::start_with(
+        2,
+        "one-sided",
+        &["--spares", "1"],
+        &tempfile::tempdir_in("/dev/shm").unwrap().keep(),
+        None,
+    );
+    let data_dir = service.data_dir.clone();
+    let mut c = service.connect();
+    for i in 0..100 {
+        assert_eq!(c.call(&["SET", &format!("k{i}"), "before"]).unwrap(), "+OK");
+    }
+    assert!(c.call(&["INFO"]).unwrap().contains("connected_slaves:2"));
+    service.kill_member(1);
+    // Writes go on; the master replaces the dead backup with the spare at
+    // a write after it notices (bounded wait).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut i = 0;
+    loop {
+        assert_eq!(c.call(&["SET", &format!("d{}", i % 10), "during"]).unwrap(), "+OK");
+        let info = c.call(&["INFO"]).unwrap();
+        if info.contains("connected_slaves:2") && !info.contains("epoch:0\r\n") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the spare did not replace backup 1: {info}");
+        i += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The new backup set holds everything: kill the master.
+    service.kill_member(0);
+    service.wait_line("member 2 is master");
+    let mut c = service.connect();
+    for i in 0..100 {
+        assert_eq!(
+            c.call(&["GET", &format!("k{i}")]).unwrap(),
+            "before",
+            "durability: k{i}"
+        );
+    }
+    drop(c);
+    drop(service);
+    let _ = std::fs::remove_dir_all(data_dir);
+}
+
+#[test]
+fn restart_from_the_data_dir_recovers_the_store() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    {
+        let service = Service::start_with(2, "one-sided", &[], dir.path(), None);
+        let mut c = service.connect();
+        for i in 0..200 {
+            assert_eq!(c.call(&["SET", &format!("k{i}"), &format!("v{i}")]).unwrap(), "+OK");
+        }
+        assert_eq!(c.call(&["DEL", "k7"]).unwrap(), ":1");
+        // Dropping the service stops it cleanly (SIGTERM to the supervisor).
+    }
+    let service = Service::start_with(2, "one-sided", &[], dir.path(), None);
+    let line = service.wait_line_seen("recovered");
+    assert!(line.contains("recovered 199 objects"), "{line}");
+    let mut c = service.connect();
+    for i in 0..200 {
+        let want = if i == 7 { "nil".to_string() } else { format!("v{i}") };
+        assert_eq!(
+            c.call(&["GET", &format!("k{i}")]).unwrap(),
+            want,
+            "durability: k{i} after restart"
+        );
+    }
+    assert_eq!(c.call(&["SET", "after", "restart"]).unwrap(), "+OK");
+}
+
+/// Every process killed at once (the supervisor SIGKILLed; its members die
+/// with it): nothing is sealed, and a restart recovers what the backups'
+/// flushers had put on disk, including the open segment's prefix.
+#[test]
+fn restart_after_every_process_was_killed_recovers_what_reached_disk() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let group;
+    {
+        let mut service = Service::start_with(2, "one-sided", &[], dir.path(), None);
+        group = service.group.clone();
+        let mut c = service.connect();
+        for i in 0..100 {
+            assert_eq!(c.call(&["SET", &format!("k{i}"), &format!("v{i}")]).unwrap(), "+OK");
+        }
+        assert_eq!(c.call(&["SET", "marker", "last-write"]).unwrap(), "+OK");
+        // Wait (bounded) until both backups' flushers have written the
+        // open segment up to the last write.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let on_disk = |rank: usize| {
+            let seg = dir.path().join(format!("member-{rank}/epoch-0/segment-0"));
+            std::fs::read(seg).is_ok_and(|b| b.windows(10).any(|w| w == b"last-write"))
+        };
+        while !(on_disk(1) && on_disk(2)) {
+            assert!(Instant::now() < deadline, "the open segment never reached disk");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        service.supervisor.kill().unwrap();
+        service.supervisor.wait().unwrap();
+        // Members die with the supervisor (PR_SET_PDEATHSIG): wait for it.
+        for pid in &service.member_pids {
+            while std::path::Path::new(&format!("/proc/{pid}")).exists()
+                && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z"))
+            {
+                assert!(Instant::now() < deadline, "member {pid} outlived its supervisor");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+    // The killed supervisor never removed the group file.
+    let _ = std::fs::remove_file(spindle_fabric::shm::group_file_path(
+        std::path::Path::new("/dev/shm"),
+        &group,
+    ));
+    let service = Service::start_with(2, "one-sided", &[], dir.path(), None);
+    let line = service.wait_line_seen("recovered");
+    assert!(line.contains("unsealed"), "{line}");
+    let mut c = service.connect();
+    for i in 0..100 {
+        assert_eq!(
+            c.call(&["GET", &format!("k{i}")]).unwrap(),
+            format!("v{i}"),
+            "k{i} after a total crash"
+        );
+    }
+    assert_eq!(c.call(&["GET", "marker"]).unwrap(), "last-write");
 }

@@ -10,6 +10,7 @@
 //! conformance_suite!(tcp, TcpHarness);
 //! conformance_suite!(tcp_coalesced, CoalescedTcpHarness);
 //! conformance_suite!(tcp_flushed, FlushedTcpHarness);
+//! conformance_suite!(tcp_tls, TlsTcpHarness);
 //! ```
 //!
 //! Each member runs on its own thread with its own fabric instance (its own
@@ -167,8 +168,15 @@ impl Harness for TcpHarness {
             .iter()
             .map(|l| l.local_addr().expect("local address"))
             .collect();
+        // Unique per group (the three tcp suites run the same tests at
+        // once, and each member's stat file is named by group and rank).
+        let name = format!(
+            "{}-{}",
+            &test[..test.len().min(40)],
+            listeners[0].local_addr().expect("local address").port()
+        );
         let options = TcpOptions::new(
-            test,
+            &name,
             row_len_bytes,
             0xC0_4F_04_3A,
             addresses,
@@ -291,6 +299,44 @@ impl Harness for FlushedTcpHarness {
 }
 
 conformance_suite!(tcp_flushed, FlushedTcpHarness);
+
+/// The tcp fabric inside TLS (rustls): every member presents a
+/// certificate for 127.0.0.1 signed by a CA made for the group here, and
+/// trusts that CA; frames travel in TLS records.
+pub struct TlsTcpHarness(TcpHarness);
+
+impl Harness for TlsTcpHarness {
+    type Fabric = TcpFabric;
+
+    const PUSH_CHECKS_RANGE_IN_RELEASE: bool = true;
+
+    fn new_group(test: &str, member_count: usize, row_len_bytes: usize) -> TlsTcpHarness {
+        let mut h = TcpHarness::new_group(test, member_count, row_len_bytes);
+        let ca_key = rcgen::KeyPair::generate().expect("CA key");
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca.self_signed(&ca_key).expect("CA");
+        let key = rcgen::KeyPair::generate().expect("member key");
+        let mut member = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("member params");
+        member.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = member.signed_by(&key, &ca, &ca_key).expect("member certificate");
+        h.options.tls = Some(spindle_fabric::tcp::tls::TlsConfig {
+            cert_chain_pem: cert.pem().into_bytes(),
+            key_pem: key.serialize_pem().into_bytes(),
+            ca_pem: ca.pem().into_bytes(),
+        });
+        TlsTcpHarness(h)
+    }
+
+    fn open(&self, rank: usize) -> TcpFabric {
+        self.0.open(rank)
+    }
+}
+
+conformance_suite!(tcp_tls, TlsTcpHarness);
 
 /// The simulated fabric in its threaded mode: one world per scenario and a
 /// pump thread that delivers every push after a random delay (up to 5

@@ -5,6 +5,17 @@
 //! In one-sided mode no backup thread is on the write path: the flusher
 //! only looks at segments the master has closed, and the master waits on
 //! it only when the ring of `segments_max` segments is full (flow control).
+//! The exception is a fabric whose push is not a completion (tcp): there
+//! an echo thread reports the guard it sees applied
+//! ([`crate::layout::Completion::Echo`]), copying no record bytes.
+//!
+//! Every [`OPEN_SEGMENT_FLUSH_INTERVAL`] the flusher also writes the
+//! complete part of the open segment, so a total failure (every process
+//! killed, nothing sealed) loses at most that much time of writes.
+//!
+//! Once everything up to the master's `snapshot_end` of this epoch is on
+//! this backup's disk, older epochs are deleted (log cleaning: the disk
+//! holds at most the previous epoch and the current one).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,7 +26,7 @@ use spindle_fabric::{Fabric, PeerSet};
 use spindle_sst::{IdleStrategy, Idler};
 
 use crate::disk::SegmentDisk;
-use crate::layout::{ReplicaLayout, COUNTER_RPC_COPIES, COUNTER_SEGMENTS_FLUSHED, ROLE_BACKUP};
+use crate::layout::{Completion, ReplicaLayout, COUNTER_RPC_COPIES, COUNTER_SEGMENTS_FLUSHED, ROLE_BACKUP};
 use crate::master::Mode;
 
 /// A backup following one master in one epoch, with its threads.
@@ -33,6 +44,8 @@ struct Shared<F: Fabric> {
     epoch: u64,
     stop: AtomicBool,
     idle: IdleStrategy,
+    /// Older epochs deleted (this epoch's snapshot is on disk).
+    cleaned: AtomicBool,
 }
 
 impl<F: Fabric> Shared<F> {
@@ -75,6 +88,24 @@ impl<F: Fabric> Shared<F> {
         }
     }
 
+    /// The first `len` bytes of the open segment `k`.
+    fn open_segment_prefix(&self, k: u64, len: usize) -> &[u8] {
+        assert!(
+            len <= self.layout.geometry.segment_bytes,
+            "prefix {len} longer than a segment"
+        );
+        let at = self.layout.segment_offset(self.me(), k);
+        // SAFETY:
+        // - the range lies in the row (layout arithmetic, asserted in bytes);
+        // - the caller took `len` from the guard (Acquire in durable_head):
+        //   every byte below it was written before the guard's Release
+        //   store, and the writer appends only past the guard and reuses
+        //   the slot only after `flushed_segments` passes k, so no one
+        //   writes these `len` bytes while we read them (the master may
+        //   write past them: they are not part of this slice).
+        unsafe { self.fabric.row(self.log_owner()).bytes(at, len) }
+    }
+
     fn count(&self, id: usize) {
         let c = self.fabric.row(self.me()).u64_at(self.layout.counters.offset(id));
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
@@ -85,6 +116,26 @@ impl<F: Fabric> Shared<F> {
             .row(self.me())
             .u64_at(self.layout.flushed_segments.offset())
             .load(Ordering::Relaxed)
+    }
+
+    /// Delete older epochs once this epoch's snapshot is on disk up to
+    /// `durable_end` (bytes of this epoch's log that are on disk).
+    fn clean_older(&self, durable_end: u64) -> Result<(), String> {
+        if self.cleaned.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        // Partner: the Release store in Master::append_snapshot_done.
+        let end = self
+            .fabric
+            .row(self.master)
+            .u64_at(self.layout.snapshot_end.offset())
+            .load(Ordering::Acquire);
+        if end == 0 || durable_end < end {
+            return Ok(());
+        }
+        self.disk.remove_epochs_before(self.epoch)?;
+        self.cleaned.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Flush every closed segment; returns how many it wrote.
@@ -107,7 +158,58 @@ impl<F: Fabric> Shared<F> {
             self.count(COUNTER_SEGMENTS_FLUSHED);
             work += 1;
         }
+        if work > 0 {
+            self.clean_older(flushed * self.layout.geometry.segment_bytes as u64)?;
+        }
         Ok(work)
+    }
+
+    /// Write the complete part of the open segment (up to the guard) as
+    /// that segment's file, at most every [`OPEN_SEGMENT_FLUSH_INTERVAL`]
+    /// and only when it grew. `last`: the head written last time and when.
+    /// The full segment replaces the file once it closes (or at seal);
+    /// replay reads a shorter file as the segment's prefix.
+    fn flush_open(&self, last: &mut (u64, std::time::Instant)) -> Result<(), String> {
+        let head = self.durable_head();
+        let geometry = self.layout.geometry;
+        let k = geometry.segment_of(head);
+        let complete = (head % geometry.segment_bytes as u64) as usize;
+        if head == last.0 || complete == 0 || self.flushed() < k {
+            return Ok(());
+        }
+        if last.1.elapsed() < OPEN_SEGMENT_FLUSH_INTERVAL {
+            return Ok(());
+        }
+        self.disk
+            .write_segment(self.epoch, k, self.open_segment_prefix(k, complete))?;
+        *last = (head, std::time::Instant::now());
+        self.clean_older(head)?;
+        Ok(())
+    }
+
+    /// One-sided with `Completion::Echo`: report the guard we see applied
+    /// in our copy of the master's row. Returns 1 when it moved.
+    fn echo(&self) -> Result<u32, String> {
+        let me = self.me();
+        // Partner: the Release store of head[me] by the master; on tcp the
+        // receive thread applies frames in order, so the record bytes
+        // pushed before it are applied too.
+        let seen = self
+            .fabric
+            .row(self.master)
+            .u64_at(self.layout.head.offset(me))
+            .load(Ordering::Acquire);
+        let own = self.fabric.row(me);
+        let cell = self.layout.head.offset(me);
+        if own.u64_at(cell).load(Ordering::Relaxed) == seen {
+            return Ok(0);
+        }
+        // Partner: the Acquire load in the master's wait_replies.
+        own.u64_at(cell).store(seen, Ordering::Release);
+        self.fabric
+            .push(cell..cell + 8, PeerSet(1 << self.master))
+            .map_err(|e| e.to_string())?;
+        Ok(1)
     }
 
     /// RPC: copy everything the master published into our own area and
@@ -189,13 +291,19 @@ impl<F: Fabric> Backup<F> {
             epoch,
             stop: AtomicBool::new(false),
             idle,
+            cleaned: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
         let s = shared.clone();
         threads.push(spawn(&format!("flusher-{me}"), move || flusher_loop(&s)));
         if mode == Mode::Rpc {
             let s = shared.clone();
-            threads.push(spawn(&format!("rpc-{me}"), move || copier_loop(&s)));
+            threads.push(spawn(&format!("rpc-{me}"), move || {
+                copier_loop(&s, Shared::copy_requests)
+            }));
+        } else if s_completion(&shared) == Completion::Echo {
+            let s = shared.clone();
+            threads.push(spawn(&format!("echo-{me}"), move || copier_loop(&s, Shared::echo)));
         }
         Ok(Backup { shared, threads })
     }
@@ -240,11 +348,13 @@ impl<F: Fabric> Backup<F> {
             s.disk.write_segment(s.epoch, k, s.segment_bytes(k))?;
         }
         s.disk.seal(s.epoch, guard)?;
+        s.clean_older(guard)?;
         let me = s.me();
-        s.fabric
-            .row(me)
-            .u64_at(s.layout.sealed_epoch.offset())
-            .store(s.epoch + 1, Ordering::Release);
+        let cell = s.layout.sealed_epoch.offset();
+        // Partner: the Acquire load of `sealed_epoch` in Master::end_epoch.
+        s.fabric.row(me).u64_at(cell).store(s.epoch + 1, Ordering::Release);
+        // The master may be gone (failover): nobody to tell then.
+        let _ = s.fabric.push(cell..cell + 8, PeerSet(1 << s.master));
         Ok(guard)
     }
 }
@@ -262,10 +372,17 @@ fn spawn(name: &str, f: impl FnOnce() -> Result<(), String> + Send + 'static) ->
         .expect("spawn backup thread")
 }
 
+/// How often a backup writes the complete prefix of its open segment to
+/// disk (when it grew): what a total failure — every process killed at
+/// once, nothing sealed — can lose is bounded by this much time of writes.
+pub const OPEN_SEGMENT_FLUSH_INTERVAL: Duration = Duration::from_millis(50);
+
 fn flusher_loop<F: Fabric>(s: &Shared<F>) -> Result<(), String> {
+    let mut open_flushed = (0u64, std::time::Instant::now());
     // Partner: the Release store in Backup::stop.
     while !s.stop.load(Ordering::Acquire) {
         if s.flush_closed()? == 0 {
+            s.flush_open(&mut open_flushed)?;
             // Off the write path: poll gently.
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -273,18 +390,24 @@ fn flusher_loop<F: Fabric>(s: &Shared<F>) -> Result<(), String> {
     Ok(())
 }
 
-fn copier_loop<F: Fabric>(s: &Shared<F>) -> Result<(), String> {
+fn s_completion<F: Fabric>(s: &Shared<F>) -> Completion {
+    s.layout.completion
+}
+
+/// The rpc copier and the echo thread: `step` once per pass, idling on the
+/// doorbell while the master's guard for us has not moved.
+fn copier_loop<F: Fabric>(s: &Shared<F>, step: fn(&Shared<F>) -> Result<u32, String>) -> Result<(), String> {
     let mut idler = Idler::new(s.idle);
     let doorbell = s.fabric.doorbell();
     // Partner: the Release store in Backup::stop.
     while !s.stop.load(Ordering::Acquire) {
-        let work = s.copy_requests()?;
+        let work = step(s)?;
         idler.idle(work, doorbell, || {
             s.fabric
                 .row(s.master)
                 .u64_at(s.layout.head.offset(s.me()))
                 .load(Ordering::Acquire)
-                > s.fabric
+                != s.fabric
                     .row(s.me())
                     .u64_at(s.layout.head.offset(s.me()))
                     .load(Ordering::Relaxed)

@@ -4,8 +4,13 @@
 //!
 //! ```text
 //! # spindle kv serve --config kv.toml
-//! group = "kv"              # shm group name
+//! group = "kv"              # group name (shm file / tcp handshake)
+//! transport = "shm"         # or "tcp"
+//! peers = ""                # tcp: member addresses, comma-separated
+//!                           # (empty: 127.0.0.1, ports port+1 …)
+//! key = "spindle-kv"        # tcp: the group's shared secret: set your own
 //! backups = 3               # R: 1..=3 (more allowed, up to 63)
+//! spares = 0                # members that replace a dead backup
 //! mode = "one-sided"        # or "rpc"
 //! bind = "127.0.0.1"
 //! port = 6380
@@ -26,7 +31,14 @@ use crate::master::Mode;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceConfig {
     pub group: String,
+    pub transport: Transport,
+    /// tcp: where member r listens (`peers[r]`); empty: loopback ports
+    /// `port + 1 + r`.
+    pub peers: Vec<String>,
+    /// tcp: the group's shared secret.
+    pub key: String,
     pub backups: usize,
+    pub spares: usize,
     pub mode: Mode,
     pub bind: String,
     pub port: u16,
@@ -37,9 +49,34 @@ pub struct ServiceConfig {
     pub clients_max: usize,
 }
 
+/// Which fabric the members use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Shm,
+    Tcp,
+}
+
+impl Transport {
+    pub fn parse(s: &str) -> Result<Transport, String> {
+        match s {
+            "shm" => Ok(Transport::Shm),
+            "tcp" => Ok(Transport::Tcp),
+            other => Err(format!("unknown transport '{other}': expected 'shm' or 'tcp'")),
+        }
+    }
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Transport::Shm => "shm",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
 /// Defaults (the same in code, in the docs above and in `--help`).
 pub mod defaults {
     pub const BACKUPS: usize = 3;
+    pub const SPARES: usize = 0;
+    pub const KEY: &str = "spindle-kv";
     pub const PORT: u16 = 6380;
     pub const SEGMENT_BYTES: usize = 2 << 20;
     pub const SEGMENTS: usize = 4;
@@ -53,7 +90,11 @@ impl ServiceConfig {
     pub fn local_default() -> ServiceConfig {
         ServiceConfig {
             group: "kv".into(),
+            transport: Transport::Shm,
+            peers: Vec::new(),
+            key: defaults::KEY.into(),
             backups: defaults::BACKUPS,
+            spares: defaults::SPARES,
             mode: Mode::OneSided,
             bind: "127.0.0.1".into(),
             port: defaults::PORT,
@@ -97,6 +138,17 @@ impl ServiceConfig {
             match key {
                 "group" => c.group = string()?,
                 "backups" => c.backups = int()?,
+                "spares" => c.spares = int()?,
+                "transport" => c.transport = Transport::parse(&string()?).map_err(at)?,
+                "peers" => {
+                    c.peers = string()?
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|p| !p.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                }
+                "key" => c.key = string()?,
                 "mode" => c.mode = Mode::parse(&string()?).map_err(at)?,
                 "bind" => c.bind = string()?,
                 "port" => {
@@ -121,6 +173,29 @@ impl ServiceConfig {
         if self.backups == 0 || self.backups >= spindle_fabric::MEMBERS_MAX {
             return Err(format!("backups = {}: expected 1..=63", self.backups));
         }
+        if self.members() > spindle_fabric::MEMBERS_MAX {
+            return Err(format!(
+                "backups = {} and spares = {}: at most {} members in all",
+                self.backups,
+                self.spares,
+                spindle_fabric::MEMBERS_MAX
+            ));
+        }
+        if self.transport == Transport::Tcp {
+            if self.key.is_empty() {
+                return Err("key = \"\": a tcp group needs a shared secret".into());
+            }
+            if !self.peers.is_empty() && self.peers.len() != self.members() {
+                return Err(format!(
+                    "peers: {} addresses for {} members (1 master + {} backups + {} spares)",
+                    self.peers.len(),
+                    self.members(),
+                    self.backups,
+                    self.spares
+                ));
+            }
+            self.tcp_addresses()?;
+        }
         if self.value_bytes_max == 0 {
             return Err("value_bytes_max = 0: expected at least 1".into());
         }
@@ -143,11 +218,40 @@ impl ServiceConfig {
         Ok(())
     }
 
+    /// tcp: every member's address.
+    pub fn tcp_addresses(&self) -> Result<Vec<std::net::SocketAddr>, String> {
+        if self.peers.is_empty() {
+            let ip: std::net::IpAddr = self
+                .bind
+                .parse()
+                .map_err(|_| format!("bind = \"{}\": expected an IP address", self.bind))?;
+            return (0..self.members())
+                .map(|r| {
+                    let port = self.port as usize + 1 + r;
+                    u16::try_from(port)
+                        .map(|p| std::net::SocketAddr::new(ip, p))
+                        .map_err(|_| format!("port = {}: member {r}'s tcp port {port} is above 65535", self.port))
+                })
+                .collect();
+        }
+        self.peers
+            .iter()
+            .map(|p| {
+                p.parse()
+                    .map_err(|_| format!("peers: '{p}' is not an address such as 10.0.0.1:7381"))
+            })
+            .collect()
+    }
+
     /// The configuration as file text (parses back to itself).
     pub fn to_text(&self) -> String {
         format!(
-            "group = \"{}\"\nbackups = {}\nmode = \"{}\"\nbind = \"{}\"\nport = {}\ndata_dir = \"{}\"\nsegment_bytes = {}\nsegments = {}\nvalue_bytes_max = {}\nmemory_bytes_max = {}\nclients_max = {}\n",
+            "group = \"{}\"\ntransport = \"{}\"\npeers = \"{}\"\nkey = \"{}\"\nspares = {}\nbackups = {}\nmode = \"{}\"\nbind = \"{}\"\nport = {}\ndata_dir = \"{}\"\nsegment_bytes = {}\nsegments = {}\nvalue_bytes_max = {}\nmemory_bytes_max = {}\nclients_max = {}\n",
             self.group,
+            self.transport.as_str(),
+            self.peers.join(","),
+            self.key,
+            self.spares,
             self.backups,
             self.mode.as_str(),
             self.bind,
@@ -161,9 +265,9 @@ impl ServiceConfig {
         )
     }
 
-    /// Members of the shm group: the master and its backups.
+    /// Members of the group: the master, its backups and the spares.
     pub fn members(&self) -> usize {
-        self.backups + 1
+        self.backups + 1 + self.spares
     }
 }
 
@@ -204,5 +308,19 @@ mod tests {
             .contains("segment_bytes 4096"));
         ServiceConfig::local_default().validate().unwrap();
         assert_eq!(ServiceConfig::parse(&c.to_text()).unwrap(), c, "to_text round-trips");
+        let t = ServiceConfig::parse("transport = \"tcp\"\nspares = 1\nport = 7000\n").unwrap();
+        assert_eq!(t.members(), 5);
+        assert_eq!(t.tcp_addresses().unwrap()[4].port(), 7005);
+        assert_eq!(
+            ServiceConfig::parse(&t.to_text()).unwrap(),
+            t,
+            "tcp settings round-trip"
+        );
+        assert!(ServiceConfig::parse("transport = \"tcp\"\npeers = \"127.0.0.1:1\"")
+            .unwrap_err()
+            .contains("1 addresses for 4 members"));
+        assert!(ServiceConfig::parse("transport = \"udp\"")
+            .unwrap_err()
+            .contains("'udp'"));
     }
 }

@@ -68,6 +68,40 @@ impl SegmentDisk {
         }
     }
 
+    /// Delete every epoch older than `epoch` (log cleaning: `epoch`'s
+    /// snapshot is on disk, so they are no longer needed for recovery).
+    pub fn remove_epochs_before(&self, epoch: u64) -> Result<(), String> {
+        for e in self.epochs().into_iter().filter(|e| *e < epoch) {
+            let dir = self.epoch_dir(e);
+            fs::remove_dir_all(&dir).map_err(|err| io_err("remove", &dir, err))?;
+        }
+        Ok(())
+    }
+
+    /// Whether `epoch` has segment 0 on disk.
+    pub fn has_segments(&self, epoch: u64) -> bool {
+        self.epoch_dir(epoch).join("segment-0").exists()
+    }
+
+    /// Segment files on disk over every epoch (for bounds and tests).
+    pub fn segment_files(&self) -> usize {
+        self.epochs()
+            .into_iter()
+            .map(|e| {
+                fs::read_dir(self.epoch_dir(e))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|f| {
+                        f.file_name()
+                            .to_str()
+                            .is_some_and(|n| n.starts_with("segment-") && !n.ends_with(".tmp"))
+                    })
+                    .count()
+            })
+            .sum()
+    }
+
     /// Epochs with a directory, newest first.
     pub fn epochs(&self) -> Vec<u64> {
         let mut epochs: Vec<u64> = fs::read_dir(&self.dir)

@@ -4,16 +4,22 @@
 //! ```text
 //!  row of member m (every member has every column)
 //!  line 0  ┌ epoch            u64  epoch this member is in (as master or backup)
-//!          │ role             u64  0 starting · 1 backup · 2 master · 3 recovering
+//!          │ role             u64  0 starting · 1 backup · 2 master · 3 recovering · 4 stopped
 //!          │ master_rank      u64  whom this member follows (itself when master)
 //!          │ ready_epoch      u64  backup: follows epoch `ready_epoch - 1` with fresh state (0: none)
 //!          │ flushed_segments u64  backup: segments of its epoch durable on disk (fsync done)
 //!          │ sealed_epoch     u64  backup: `e + 1` once epoch e's log is entirely on disk
+//!          │ backup_set       u64  master: bit b set when member b is a backup of `epoch`
+//!          └ disk_epoch       u64  at open: what this member's disk holds, 1 + 2·(newest epoch + 1)
+//!                                  + sealed (1: nothing; 0: not published yet)
+//!  line 1  ┌ stopped          u64  master: `e + 1` once it stopped serving epoch e cleanly
+//!          │ snapshot_end     u64  master: log position just past this epoch's SnapshotDone (0: not yet)
 //!          └ pad
-//!  line 1  ┌ head[M]          u64  the guards: as master, head[b] = log position complete in area b
+//!  line 2  ┌ head[M]          u64  the guards: as master, head[b] = log position complete in area b
 //!          │                       (Release after the bytes); in rpc mode a backup's own head[m]
-//!          │                       is its reply: positions copied into its own area
-//!  line 2  ┌ counters[C]      u64  appends, flow-control waits, … (never pushed)
+//!          │                       is its reply: positions copied into its own area; with
+//!          │                       `Completion::Echo` (tcp) a backup's own head[m] is its echo
+//!  after   ┌ counters[C]      u64  appends, flow-control waits, … (never pushed)
 //!  next    ┌ areas            M × segments_max × segment_bytes
 //!          │   area b of master m: the log segments m writes one-sided for backup b
 //!          │   (rpc mode: the request buffer for b); area m of backup m in rpc mode:
@@ -33,6 +39,31 @@ pub const ROLE_STARTING: u64 = 0;
 pub const ROLE_BACKUP: u64 = 1;
 pub const ROLE_MASTER: u64 = 2;
 pub const ROLE_RECOVERING: u64 = 3;
+/// A master that stopped serving cleanly (its backups sealed and exit).
+pub const ROLE_STOPPED: u64 = 4;
+
+/// When a one-sided write counts as complete at a backup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// When the push returns (shm: the bytes are in memory the backup
+    /// maps). No backup thread is involved.
+    Push,
+    /// When the backup's fabric reports the bytes applied: a small echo
+    /// thread on the backup copies the guard it sees (`head[b]` in its copy
+    /// of the master's row) into its own `head[b]` and pushes it back — the
+    /// completion an RDMA NIC would give, emulated for fabrics whose push
+    /// only hands bytes to the kernel (tcp). It copies no record bytes.
+    Echo,
+}
+
+impl Completion {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Completion::Push => "push",
+            Completion::Echo => "echo",
+        }
+    }
+}
 
 /// Counter ids (index into `counters`).
 pub const COUNTER_APPENDS: usize = 0;
@@ -51,22 +82,36 @@ pub struct ReplicaLayout {
     pub ready_epoch: U64Column,
     pub flushed_segments: U64Column,
     pub sealed_epoch: U64Column,
+    pub backup_set: U64Column,
+    pub disk_epoch: U64Column,
+    pub stopped: U64Column,
+    pub snapshot_end: U64Column,
     pub head: U64VectorColumn,
     pub counters: U64VectorColumn,
     pub areas: BytesColumn,
     pub geometry: LogGeometry,
     pub members: usize,
+    pub completion: Completion,
 }
 
 impl ReplicaLayout {
+    /// The layout for shm (`Completion::Push`).
     pub fn new(members: usize, geometry: LogGeometry, mode: &str) -> ReplicaLayout {
+        ReplicaLayout::with_completion(members, geometry, mode, Completion::Push)
+    }
+
+    /// The layout with an explicit completion rule (tcp: `Echo`). The rule
+    /// is part of the layout tag, so members that disagree fail to join.
+    pub fn with_completion(members: usize, geometry: LogGeometry, mode: &str, completion: Completion) -> ReplicaLayout {
         assert!(
             (2..=spindle_fabric::MEMBERS_MAX).contains(&members),
             "members {members}"
         );
         let mut b = LayoutBuilder::new(&format!(
-            "replica members={members} mode={mode} segment_bytes={} segments={}",
-            geometry.segment_bytes, geometry.segments_max
+            "replica members={members} mode={mode} segment_bytes={} segments={} completion={}",
+            geometry.segment_bytes,
+            geometry.segments_max,
+            completion.as_str()
         ));
         let epoch = b.u64("epoch");
         let role = b.u64("role");
@@ -74,6 +119,11 @@ impl ReplicaLayout {
         let ready_epoch = b.u64("ready_epoch");
         let flushed_segments = b.u64("flushed_segments");
         let sealed_epoch = b.u64("sealed_epoch");
+        let backup_set = b.u64("backup_set");
+        let disk_epoch = b.u64("disk_epoch");
+        b.cache_line_break();
+        let stopped = b.u64("stopped");
+        let snapshot_end = b.u64("snapshot_end");
         b.cache_line_break();
         let head = b.u64_vector("head", members);
         b.cache_line_break();
@@ -89,11 +139,16 @@ impl ReplicaLayout {
             ready_epoch,
             flushed_segments,
             sealed_epoch,
+            backup_set,
+            disk_epoch,
+            stopped,
+            snapshot_end,
             head,
             counters,
             areas,
             geometry,
             members,
+            completion,
         }
     }
 

@@ -11,11 +11,19 @@
 //! two-sided RPC baseline ([`master::Mode::Rpc`]) so the two can be
 //! measured side by side, as in the RAMCloud seed.
 //!
+//! Every part is generic over the fabric: on shm a push is the
+//! completion; on tcp one-sided writes complete by a backup's echo of the
+//! guard ([`layout::Completion`]).
+//!
 //! When the master dies, every backup seals its log on disk; the lowest
 //! live backup replays its log into a new master (checksums verified, a
 //! torn last record dropped: [`replay`]), the others become its backups in
 //! a new epoch, and the service's address moves to it ([`node`],
-//! [`server`]).
+//! [`server`]). A master also *rolls* to a new epoch on its own: to put a
+//! spare in place of a dead backup (R copies again) and to clean its log
+//! (each epoch starts with a snapshot of the live objects, and backups
+//! delete older epochs once it is on disk). After every member stopped, a
+//! start with the same data directory recovers from the newest log.
 //!
 //! The KV service ([`server`], [`command`]) speaks RESP: PING, GET, SET,
 //! DEL, EXISTS, MGET, MSET (atomic: one batch of records that recovery

@@ -27,7 +27,7 @@ use spindle_fabric::{Fabric, PeerSet};
 use spindle_sst::monotonic_coarse_ns;
 
 use crate::command::Replicator;
-use crate::layout::{ReplicaLayout, COUNTER_APPENDS, COUNTER_FLOW_WAITS};
+use crate::layout::{Completion, ReplicaLayout, COUNTER_APPENDS, COUNTER_FLOW_WAITS, ROLE_MASTER, ROLE_STOPPED};
 use crate::record::{encode_into, encoded_len, RecordFields, RecordKind, HEADER_BYTES, KEY_BYTES_MAX};
 
 /// How records reach the backups.
@@ -76,6 +76,10 @@ pub struct Master<F: Fabric> {
     alive: Liveness,
     /// Give up on a backup that makes no progress for this long.
     stall_ns_max: u64,
+    /// Group commit: appends do not wait for replies or echoes; the
+    /// caller waits once with [`Master::complete`] before it reports any
+    /// of them.
+    deferred: bool,
 }
 
 impl<F: Fabric> Master<F> {
@@ -92,33 +96,137 @@ impl<F: Fabric> Master<F> {
     ) -> Result<Master<F>, String> {
         let me = fabric.member_rank();
         assert!(!backups.contains(&me), "the master is not its own backup");
-        let row = fabric.row(me);
-        for b in 0..layout.members {
-            row.u64_at(layout.head.offset(b)).store(0, Ordering::Relaxed);
-        }
-        row.u64_at(layout.master_rank.offset())
-            .store(me as u64, Ordering::Relaxed);
-        row.u64_at(layout.role.offset())
-            .store(crate::layout::ROLE_MASTER, Ordering::Relaxed);
-        // Partner: the Acquire load of `epoch` by backups in `follow`:
-        // seeing the new epoch they see the zeroed heads and the role.
-        row.u64_at(layout.epoch.offset()).store(epoch, Ordering::Release);
-        fabric
-            .push(0..layout.areas.offset(), PeerSet::all_except(me, fabric.member_count()))
-            .map_err(|e| e.to_string())?;
         let mut master = Master {
             fabric,
             layout,
             mode,
             epoch,
-            backups,
+            backups: Vec::new(),
             head: 0,
             staging: vec![0u8; encoded_len(KEY_BYTES_MAX, value_bytes_max)],
             alive,
             stall_ns_max: STALL_NS_MAX,
+            deferred: false,
         };
-        master.wait_backups_ready()?;
+        master.begin_epoch(epoch, backups)?;
         Ok(master)
+    }
+
+    /// Publish `epoch` with `backups` and wait until they follow it.
+    fn begin_epoch(&mut self, epoch: u64, backups: Vec<usize>) -> Result<(), String> {
+        let me = self.fabric.member_rank();
+        let layout = &self.layout;
+        let row = self.fabric.row(me);
+        for b in 0..layout.members {
+            row.u64_at(layout.head.offset(b)).store(0, Ordering::Relaxed);
+        }
+        let set = backups.iter().fold(0u64, |set, b| set | 1 << b);
+        row.u64_at(layout.backup_set.offset()).store(set, Ordering::Relaxed);
+        row.u64_at(layout.snapshot_end.offset()).store(0, Ordering::Relaxed);
+        row.u64_at(layout.master_rank.offset())
+            .store(me as u64, Ordering::Relaxed);
+        row.u64_at(layout.role.offset()).store(ROLE_MASTER, Ordering::Relaxed);
+        // Partner: the Acquire load of `epoch` by backups in `follow`:
+        // seeing the new epoch they see the zeroed heads, the backup set
+        // and the role.
+        row.u64_at(layout.epoch.offset()).store(epoch, Ordering::Release);
+        self.fabric
+            .push(
+                0..layout.areas.offset(),
+                PeerSet::all_except(me, self.fabric.member_count()),
+            )
+            .map_err(|e| e.to_string())?;
+        self.epoch = epoch;
+        self.backups = backups;
+        self.head = 0;
+        self.wait_backups_ready()
+    }
+
+    /// End this epoch cleanly: publish `stopped = epoch + 1` and wait
+    /// (bounded) until every live backup has sealed it to disk. With
+    /// `final_stop` the role becomes *stopped*: backups then exit instead
+    /// of waiting for a next epoch.
+    pub fn end_epoch(&mut self, final_stop: bool) -> Result<(), String> {
+        let me = self.fabric.member_rank();
+        let layout = &self.layout;
+        let row = self.fabric.row(me);
+        if final_stop {
+            row.u64_at(layout.role.offset()).store(ROLE_STOPPED, Ordering::Relaxed);
+        }
+        // Partner: the Acquire load of `stopped` by backups (node loop):
+        // seeing it they see the role and every record published before.
+        row.u64_at(layout.stopped.offset())
+            .store(self.epoch + 1, Ordering::Release);
+        self.fabric
+            .push(
+                0..layout.areas.offset(),
+                PeerSet::all_except(me, self.fabric.member_count()),
+            )
+            .map_err(|e| e.to_string())?;
+        let started = monotonic_coarse_ns();
+        let mut i = 0;
+        while i < self.backups.len() {
+            let b = self.backups[i];
+            // Partner: the Release store of `sealed_epoch` in Backup::seal.
+            let sealed = self
+                .fabric
+                .row(b)
+                .u64_at(self.layout.sealed_epoch.offset())
+                .load(Ordering::Acquire);
+            if sealed == self.epoch + 1 {
+                i += 1;
+                continue;
+            }
+            if !(self.alive)(b) {
+                self.backups.remove(i);
+                continue;
+            }
+            if monotonic_coarse_ns() - started > self.stall_ns_max {
+                return Err(format!(
+                    "backup {b} did not seal epoch {} within {} s (its sealed_epoch is {sealed})",
+                    self.epoch,
+                    self.stall_ns_max / 1_000_000_000
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        Ok(())
+    }
+
+    /// End this epoch ([`Master::end_epoch`]) and start the next with
+    /// `backups`. The caller then appends the snapshot and
+    /// [`RecordKind::SnapshotDone`].
+    pub fn roll(&mut self, backups: Vec<usize>) -> Result<(), String> {
+        let me = self.fabric.member_rank();
+        assert!(!backups.contains(&me), "the master is not its own backup");
+        self.end_epoch(false)?;
+        let next = self.epoch + 1;
+        self.begin_epoch(next, backups)
+    }
+
+    /// Append the epoch's `SnapshotDone` marker and publish where it ends:
+    /// a backup that has everything up to there on disk no longer needs
+    /// older epochs (it deletes them).
+    pub fn append_snapshot_done(&mut self, version: u64) -> Result<(), String> {
+        self.append_record(RecordKind::SnapshotDone, &[], &[], version)?;
+        let me = self.fabric.member_rank();
+        let cell = self.layout.snapshot_end.offset();
+        // Partner: the Acquire load of `snapshot_end` by the backups'
+        // flusher and seal.
+        self.fabric.row(me).u64_at(cell).store(self.head, Ordering::Release);
+        for &b in &self.backups {
+            self.fabric
+                .push(cell..cell + 8, PeerSet(1 << b))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Drop backups that died; returns how many are left.
+    pub fn check_backups(&mut self) -> usize {
+        let alive = &self.alive;
+        self.backups.retain(|b| alive(*b));
+        self.backups.len()
     }
 
     fn wait_backups_ready(&mut self) -> Result<(), String> {
@@ -271,7 +379,8 @@ impl<F: Fabric> Master<F> {
         Ok(())
     }
 
-    /// RPC mode: wait until every backup replied (copied up to `head`).
+    /// RPC mode: wait until every backup replied (copied up to `head`);
+    /// one-sided with `Completion::Echo`: until every echo reached `head`.
     fn wait_replies(&mut self, head: u64) -> Result<(), String> {
         let mut i = 0;
         let mut spins = 0u32;
@@ -279,7 +388,7 @@ impl<F: Fabric> Master<F> {
         while i < self.backups.len() {
             let b = self.backups[i];
             // Partner: the Release store of the backup's own head[b] (its
-            // reply) in the rpc copier.
+            // reply) in the rpc copier or the echo thread.
             let copied = self
                 .fabric
                 .row(b)
@@ -360,9 +469,35 @@ impl<F: Fabric> Master<F> {
         if self.mode == Mode::Rpc {
             // A request wakes a parked receiver, as an RPC must.
             self.fabric.doorbell().ring();
+        }
+        if self.waits_for_backups() && !self.deferred {
             self.wait_replies(self.head)?;
         }
         self.count(COUNTER_APPENDS);
+        Ok(())
+    }
+
+    /// Whether an append completes only when backups answer (rpc, or
+    /// one-sided with `Completion::Echo`).
+    fn waits_for_backups(&self) -> bool {
+        self.mode == Mode::Rpc || self.layout.completion == Completion::Echo
+    }
+
+    /// Group commit on or off. On, an append returns once its record is
+    /// written and published, without waiting for the backups' replies or
+    /// echoes; [`Master::complete`] then waits once for all of them. The
+    /// caller must not report any of those appends (nor let anyone else
+    /// read their effects) before `complete` returns. No effect on shm
+    /// one-sided, where a push is already the completion.
+    pub fn set_deferred(&mut self, on: bool) {
+        self.deferred = on;
+    }
+
+    /// Wait until every backup has everything appended so far.
+    pub fn complete(&mut self) -> Result<(), String> {
+        if self.waits_for_backups() && !self.backups.is_empty() {
+            self.wait_replies(self.head)?;
+        }
         Ok(())
     }
 

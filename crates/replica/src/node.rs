@@ -1,19 +1,32 @@
-//! One member of a replicated store on shm: a backup until it becomes the
-//! master, through as many failovers as it takes.
+//! One member of a replicated store, on shm or tcp: a backup (or a spare)
+//! until it becomes the master, through as many failovers as it takes.
 //!
 //! ```text
-//!  epoch e, master m            every member                     epoch e+1
-//!  ───────────────── m dies ──▶ backups stop and seal epoch e ──▶ lowest live rank n:
+//!  epoch e, master m            every backup                     epoch e+1
+//!  ───────────────── m dies ──▶ stops and seals epoch e ───────▶ lowest live backup n of epoch e:
 //!                               (whole log on disk + guard)       replay its log (latest epoch
 //!                                                                 with a complete snapshot),
-//!                                                                 publish epoch e+1, wait for the
-//!                                                                 others to follow, write the
+//!                                                                 publish epoch e+1 with R backups,
+//!                                                                 wait for them to follow, write the
 //!                                                                 snapshot + SnapshotDone, serve
+//!
+//!  m rolls (clean, replace)      backups see `stopped = e+1`, seal e; m publishes e+1 with a new
+//!                                backup set (a spare replaces a dead backup) and re-appends the
+//!                                live objects; once e+1's snapshot is on a backup's disk it
+//!                                deletes epochs < e+1 (log cleaning)
+//!
+//!  start (or restart)            every member publishes what its disk holds (`disk_epoch`); the
+//!                                member with the newest log leads epoch (newest + 1), recovering
+//!                                from its own disk (sealed or not: torn tail dropped)
 //! ```
 //!
-//! Liveness on shm: a member is alive while its slot in the group file
-//! says *running* and its process exists (a crashed process is found by
-//! pid; a member thread that leaves sets its slot to *left*).
+//! Liveness ([`Membership`]): on shm a member is alive while its slot in
+//! the group file says *running* and its process exists (a crashed process
+//! is found by pid; a member thread that leaves sets its slot to *left*);
+//! on tcp while its connection is up.
+//!
+//! Members beyond `1 + backups` are **spares**: they follow no epoch until
+//! a master puts them in its backup set (replacing a dead backup).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,40 +34,92 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use spindle_fabric::shm::{ShmFabric, ShmOptions};
-use spindle_fabric::Fabric;
-use spindle_sst::IdleStrategy;
+use spindle_fabric::tcp::{PeerStatus, TcpFabric, TcpOptions};
+use spindle_fabric::{Fabric, PeerSet};
+use spindle_sst::{monotonic_coarse_ns, IdleStrategy};
 
 use crate::backup::Backup;
 use crate::disk::SegmentDisk;
-use crate::layout::{ReplicaLayout, ROLE_MASTER};
+use crate::layout::{Completion, ReplicaLayout, ROLE_MASTER, ROLE_STOPPED};
 use crate::log::LogGeometry;
 use crate::master::{Master, Mode};
-use crate::record::RecordKind;
+use crate::record::{RecordKind, HEADER_BYTES};
 use crate::replay::replay_into;
 use crate::store::ObjectMap;
+
+/// A fabric that can tell whether a member is alive.
+pub trait Membership: Fabric {
+    fn member_alive(&self, rank: usize) -> bool;
+}
+
+impl Membership for ShmFabric {
+    fn member_alive(&self, rank: usize) -> bool {
+        alive(self, rank)
+    }
+}
+
+impl Membership for TcpFabric {
+    fn member_alive(&self, rank: usize) -> bool {
+        rank == self.member_rank() || self.peer_status(rank).0 == PeerStatus::Connected
+    }
+}
 
 /// What one member needs.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
     pub group: String,
     pub members: usize,
+    /// R: backups per epoch; members beyond `1 + backups` are spares.
+    pub backups: usize,
     pub mode: Mode,
     pub geometry: LogGeometry,
     pub value_bytes_max: usize,
     pub memory_bytes_max: usize,
-    /// Each member keeps its segments in `<data_dir>/member-<rank>`.
+    /// Each member keeps its segments in `<data_dir>/member-<rank>`; what
+    /// is there at open is recovered (restart after a total stop).
     pub data_dir: PathBuf,
-    /// How the rpc copier idles.
+    /// How the rpc copier (and the tcp echo thread) idles.
     pub idle: IdleStrategy,
     pub join_timeout: Duration,
 }
 
+impl NodeConfig {
+    /// Spares: members that are neither the master nor one of its R backups.
+    pub fn spares(&self) -> usize {
+        self.members.saturating_sub(1 + self.backups)
+    }
+}
+
+/// When the master rolls to a new epoch to clean its log: once the
+/// epoch's log is longer than `LOG_LIVE_FACTOR` × the live objects' log
+/// bytes plus `LOG_SLACK_SEGMENTS` segments. The disk of a backup then
+/// holds at most two epochs of at most that many bytes each.
+pub const LOG_LIVE_FACTOR: u64 = 2;
+pub const LOG_SLACK_SEGMENTS: u64 = 2;
+/// How often the master looks for dead backups (a system call per
+/// backup on shm), at most.
+pub const CHECK_INTERVAL_NS: u64 = 10_000_000;
+
+/// The log length at which a master with `objects` rolls (cleans).
+pub fn log_bytes_max(objects: &ObjectMap, geometry: &LogGeometry) -> u64 {
+    let live = objects.bytes() as u64 + objects.len() as u64 * HEADER_BYTES as u64;
+    LOG_LIVE_FACTOR * live + LOG_SLACK_SEGMENTS * geometry.segment_bytes as u64
+}
+
 /// A member that has become the master: its log writer and its objects.
-pub struct Leader {
-    pub master: Master<ShmFabric>,
+pub struct Leader<F: Membership = ShmFabric> {
+    pub master: Master<F>,
     pub objects: ObjectMap,
-    /// How the objects were recovered (empty for the first master).
+    /// How the objects were recovered (`None` for a fresh store).
     pub recovery: Option<RecoveryReport>,
+    fabric: Arc<F>,
+    backups_wanted: usize,
+    geometry: LogGeometry,
+    last_check_ns: u64,
+    /// Epoch rolls done to clean the log.
+    pub cleanings: u64,
+    /// Dead backups replaced by spares.
+    pub replacements: u64,
 }
 
 /// What a new master replayed.
@@ -67,14 +132,19 @@ pub struct RecoveryReport {
     pub objects: usize,
     pub torn: Option<String>,
     pub replay_ns: u64,
+    /// The epoch was not sealed (a restart after every member stopped
+    /// without a clean stop): replayed up to the first invalid record.
+    pub unsealed: bool,
 }
 
 /// One member of the store.
-pub struct Node {
-    fabric: Arc<ShmFabric>,
+pub struct Node<F: Membership = ShmFabric> {
+    fabric: Arc<F>,
     layout: ReplicaLayout,
     config: NodeConfig,
     disk: SegmentDisk,
+    start_epoch: u64,
+    start_master: usize,
 }
 
 /// Slot state "running" in the shm group file header (see the fabric's
@@ -103,9 +173,19 @@ pub fn process_alive(pid: u32) -> bool {
     !matches!(state, Some('Z') | Some('X') | None)
 }
 
-impl Node {
+/// How a wait on the master ended.
+enum Seen {
+    /// It leads this epoch (≥ the one waited for), with this backup set.
+    Published(u64, u64),
+    /// It stopped cleanly: the service is shutting down.
+    Stopped,
+    /// It died (or `stop` was set).
+    Gone,
+}
+
+impl Node<ShmFabric> {
     /// Open the group's shm file as `rank` and wait for every member.
-    pub fn open(config: NodeConfig, rank: usize) -> Result<Node, String> {
+    pub fn open(config: NodeConfig, rank: usize) -> Result<Node<ShmFabric>, String> {
         config.geometry.validate(config.value_bytes_max)?;
         let layout = ReplicaLayout::new(config.members, config.geometry, config.mode.as_str());
         let mut options = ShmOptions::new(
@@ -116,47 +196,189 @@ impl Node {
         );
         options.layout_description = layout.row.summary();
         let fabric = Arc::new(ShmFabric::open(&options, rank).map_err(|e| e.to_string())?);
-        spindle_fabric::wait_all_joined(fabric.as_ref(), &config.group, config.join_timeout)
-            .map_err(|e| e.to_string())?;
-        // A store starts empty (restarting from disk after a total failure
-        // is not built): segments of an earlier run must not be replayed
-        // into this one.
-        let dir = config.data_dir.join(format!("member-{rank}"));
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| format!("clear {}: {e}", dir.display()))?;
+        Node::start(fabric, layout, config)
+    }
+}
+
+impl Node<TcpFabric> {
+    /// Open member `rank` of a group over tcp: `addresses[r]` is where
+    /// member `r` listens, `key` the group's shared secret. One-sided
+    /// writes complete by echo ([`Completion::Echo`]).
+    pub fn open_tcp(
+        config: NodeConfig,
+        rank: usize,
+        addresses: Vec<std::net::SocketAddr>,
+        key: Vec<u8>,
+    ) -> Result<Node<TcpFabric>, String> {
+        Node::open_tcp_on(config, rank, addresses, key, None)
+    }
+
+    /// As [`Node::open_tcp`], on a listener the caller bound already
+    /// (tests bind port 0 first).
+    pub fn open_tcp_on(
+        config: NodeConfig,
+        rank: usize,
+        addresses: Vec<std::net::SocketAddr>,
+        key: Vec<u8>,
+        listener: Option<std::net::TcpListener>,
+    ) -> Result<Node<TcpFabric>, String> {
+        config.geometry.validate(config.value_bytes_max)?;
+        if addresses.len() != config.members {
+            return Err(format!(
+                "{} tcp addresses given for {} members",
+                addresses.len(),
+                config.members
+            ));
         }
-        let disk = SegmentDisk::new(dir);
+        let layout =
+            ReplicaLayout::with_completion(config.members, config.geometry, config.mode.as_str(), Completion::Echo);
+        let mut options = TcpOptions::new(
+            &config.group,
+            layout.row.row_len_bytes(),
+            layout.row.tag(),
+            addresses,
+            key,
+        );
+        options.join_timeout = config.join_timeout;
+        let fabric = match listener {
+            Some(l) => TcpFabric::open_with_listener(&options, rank, l),
+            None => TcpFabric::open(&options, rank),
+        };
+        Node::start(Arc::new(fabric.map_err(|e| e.to_string())?), layout, config)
+    }
+}
+
+/// What a member's disk holds, as published in `disk_epoch`:
+/// `1 + 2·(newest epoch + 1) + sealed` (1: nothing; 0: not published yet).
+fn disk_score(disk: &SegmentDisk) -> u64 {
+    for epoch in disk.epochs() {
+        let sealed = disk.sealed_guard(epoch).is_some();
+        if sealed || disk.has_segments(epoch) {
+            return 1 + 2 * (epoch + 1) + sealed as u64;
+        }
+    }
+    1
+}
+
+impl<F: Membership> Node<F> {
+    /// Wait for every member, then agree on where to start: every member
+    /// publishes what its disk holds; the newest log leads.
+    pub fn start(fabric: Arc<F>, layout: ReplicaLayout, config: NodeConfig) -> Result<Node<F>, String> {
+        if config.backups == 0 || config.backups >= config.members {
+            return Err(format!(
+                "backups = {}: expected 1..={} with {} members",
+                config.backups,
+                config.members - 1,
+                config.members
+            ));
+        }
+        spindle_fabric::wait_all_joined(fabric.as_ref() as &dyn Fabric, &config.group, config.join_timeout)
+            .map_err(|e| e.to_string())?;
+        let rank = fabric.member_rank();
+        let disk = SegmentDisk::new(config.data_dir.join(format!("member-{rank}")));
+        let cell = layout.disk_epoch.offset();
+        // Partner: the Acquire loads below, by every other member.
+        fabric
+            .row(rank)
+            .u64_at(cell)
+            .store(disk_score(&disk), Ordering::Release);
+        fabric
+            .push(cell..cell + 8, PeerSet::all_except(rank, config.members))
+            .map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        let mut scores = vec![0u64; config.members];
+        loop {
+            for (r, score) in scores.iter_mut().enumerate() {
+                // Partner: the Release store above, by member r.
+                *score = fabric.row(r).u64_at(cell).load(Ordering::Acquire);
+            }
+            if scores.iter().all(|s| *s != 0) {
+                break;
+            }
+            if started.elapsed() > config.join_timeout {
+                let missing: Vec<usize> = (0..config.members).filter(|r| scores[*r] == 0).collect();
+                return Err(format!(
+                    "members {missing:?} did not say what their disks hold within {:?}",
+                    config.join_timeout
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // Highest score, lowest rank on ties; a fresh store starts at 0.
+        let (start_master, best) = scores
+            .iter()
+            .enumerate()
+            .fold((0, 1), |(br, bs), (r, s)| if *s > bs { (r, *s) } else { (br, bs) });
+        let start_epoch = if best <= 1 { 0 } else { (best - 1) / 2 };
         Ok(Node {
             fabric,
             layout,
             config,
             disk,
+            start_epoch,
+            start_master,
         })
     }
 
-    pub fn fabric(&self) -> &Arc<ShmFabric> {
+    pub fn fabric(&self) -> &Arc<F> {
         &self.fabric
     }
     pub fn rank(&self) -> usize {
         self.fabric.member_rank()
     }
+    pub fn disk(&self) -> &SegmentDisk {
+        &self.disk
+    }
+    /// The epoch and master this member starts with (> 0: a restart).
+    pub fn start_point(&self) -> (u64, usize) {
+        (self.start_epoch, self.start_master)
+    }
 
-    /// Run as a backup (through failovers) until this member becomes the
-    /// master; `None` when `stop` was set first.
-    pub fn run_until_master(&self, stop: &AtomicBool) -> Result<Option<Leader>, String> {
+    fn alive(&self, rank: usize) -> bool {
+        self.fabric.member_alive(rank)
+    }
+
+    fn load(&self, rank: usize, offset: usize) -> u64 {
+        self.fabric.row(rank).u64_at(offset).load(Ordering::Acquire)
+    }
+
+    /// Run as a backup or spare (through failovers and epoch rolls) until
+    /// this member becomes the master; `None` when `stop` was set first
+    /// (a backup seals its log first) or the master stopped cleanly.
+    pub fn run_until_master(&self, stop: &AtomicBool) -> Result<Option<Leader<F>>, String> {
         let me = self.rank();
-        let mut epoch = 0u64;
-        let mut master = 0usize;
+        let (mut epoch, mut master) = (self.start_epoch, self.start_master);
+        // The backup set of the last epoch seen published: the next master
+        // comes from it (they hold the newest log).
+        let mut last_set = 0u64;
         loop {
             if me == master {
                 return self.lead(epoch).map(Some);
             }
-            if !self.wait_published(master, epoch, stop) {
-                if stop.load(Ordering::Acquire) {
-                    return Ok(None);
+            match self.wait_published(master, epoch, stop) {
+                Seen::Published(e, set) => (epoch, last_set) = (e, set),
+                Seen::Stopped => return Ok(None),
+                Seen::Gone => {
+                    if stop.load(Ordering::Acquire) {
+                        return Ok(None);
+                    }
+                    // The candidate died before leading: its epoch is skipped.
+                    (epoch, master) = (epoch + 1, self.next_master(master, last_set)?);
+                    continue;
                 }
-                // The candidate died before leading: its epoch is skipped.
-                (epoch, master) = (epoch + 1, self.next_master(master)?);
+            }
+            if last_set & (1 << me) == 0 {
+                // A spare: wait for the next epoch (it may include us).
+                match self.wait_as_spare(master, epoch, stop) {
+                    Seen::Published(e, _) => epoch = e,
+                    Seen::Stopped => return Ok(None),
+                    Seen::Gone => {
+                        if stop.load(Ordering::Acquire) {
+                            return Ok(None);
+                        }
+                        (epoch, master) = (epoch + 1, self.next_master(master, last_set)?);
+                    }
+                }
                 continue;
             }
             let mut backup = Backup::follow(
@@ -168,51 +390,75 @@ impl Node {
                 epoch,
                 self.config.idle,
             )?;
-            loop {
+            let ended_cleanly = loop {
                 if stop.load(Ordering::Acquire) {
-                    backup.stop()?;
+                    // A clean stop keeps everything on disk for a restart.
+                    backup.seal()?;
                     return Ok(None);
                 }
-                if !alive(&self.fabric, master) {
-                    break;
+                if self.load(master, self.layout.stopped.offset()) == epoch + 1 {
+                    break true;
+                }
+                if !self.alive(master) {
+                    break false;
                 }
                 if backup.failed() {
                     return backup.stop().and(Err("a backup thread stopped".into()));
                 }
                 std::thread::sleep(Duration::from_micros(500));
-            }
+            };
             backup.seal()?;
-            (epoch, master) = (epoch + 1, self.next_master(master)?);
+            if ended_cleanly {
+                if self.load(master, self.layout.role.offset()) == ROLE_STOPPED {
+                    return Ok(None);
+                }
+                epoch += 1; // the master rolls on
+            } else {
+                (epoch, master) = (epoch + 1, self.next_master(master, last_set)?);
+            }
         }
     }
 
-    /// The lowest live rank other than `dead`: every member computes the
-    /// same (liveness on one host is exact and a dead member stays dead).
-    fn next_master(&self, dead: usize) -> Result<usize, String> {
+    /// The lowest live backup of the last epoch (`set`), else the lowest
+    /// live rank, other than `dead`. Every member computes the same: they
+    /// read the same set, and liveness on one host is exact (on tcp,
+    /// connections to a dead process break at every member).
+    fn next_master(&self, dead: usize, set: u64) -> Result<usize, String> {
+        let live = |r: &usize| *r != dead && self.alive(*r);
         (0..self.config.members)
-            .find(|r| *r != dead && alive(&self.fabric, *r))
+            .filter(|r| set & (1 << r) != 0)
+            .find(live)
+            .or_else(|| (0..self.config.members).find(live))
             .ok_or_else(|| "no live member left to become master".to_string())
     }
 
-    /// Wait until `master` leads `epoch`; false if it died first (or stop).
-    fn wait_published(&self, master: usize, epoch: u64, stop: &AtomicBool) -> bool {
-        let row = self.fabric.row(master);
+    /// Wait until `master` leads `epoch` or a later one.
+    fn wait_published(&self, master: usize, epoch: u64, stop: &AtomicBool) -> Seen {
         loop {
-            // Partner: the Release store of `epoch` in Master::start.
-            let e = row.u64_at(self.layout.epoch.offset()).load(Ordering::Acquire);
-            if e == epoch && row.u64_at(self.layout.role.offset()).load(Ordering::Relaxed) == ROLE_MASTER {
-                return true;
+            // Partner: the Release store of `epoch` in Master::begin_epoch.
+            let e = self.load(master, self.layout.epoch.offset());
+            let role = self.load(master, self.layout.role.offset());
+            if e >= epoch && role == ROLE_MASTER {
+                return Seen::Published(e, self.load(master, self.layout.backup_set.offset()));
             }
-            if stop.load(Ordering::Acquire) || !alive(&self.fabric, master) {
-                return false;
+            if e >= epoch && role == ROLE_STOPPED {
+                return Seen::Stopped;
+            }
+            if stop.load(Ordering::Acquire) || !self.alive(master) {
+                return Seen::Gone;
             }
             std::thread::sleep(Duration::from_micros(200));
         }
     }
 
-    /// Become master of `epoch`: recover, take the live others as
-    /// backups, re-replicate the objects, mark the snapshot done.
-    fn lead(&self, epoch: u64) -> Result<Leader, String> {
+    /// A spare waits until the master leads an epoch after `epoch`.
+    fn wait_as_spare(&self, master: usize, epoch: u64, stop: &AtomicBool) -> Seen {
+        self.wait_published(master, epoch + 1, stop)
+    }
+
+    /// Become master of `epoch`: recover, take R live others as backups,
+    /// re-replicate the objects, mark the snapshot done.
+    fn lead(&self, epoch: u64) -> Result<Leader<F>, String> {
         let started = Instant::now();
         let (objects, mut recovery) = if epoch == 0 {
             (ObjectMap::new(self.config.memory_bytes_max), None)
@@ -222,49 +468,111 @@ impl Node {
         };
         let me = self.rank();
         let backups: Vec<usize> = (0..self.config.members)
-            .filter(|r| *r != me && alive(&self.fabric, *r))
+            .filter(|r| *r != me && self.alive(*r))
+            .take(self.config.backups)
             .collect();
         let fabric = self.fabric.clone();
-        let mut master = Master::start(
+        let master = Master::start(
             self.fabric.clone(),
             self.layout.clone(),
             self.config.mode,
             epoch,
             backups,
             self.config.value_bytes_max,
-            Box::new(move |r| alive(&fabric, r)),
+            Box::new(move |r| fabric.member_alive(r)),
         )?;
-        if master.backups().is_empty() {
+        let mut leader = Leader {
+            master,
+            objects,
+            recovery: None,
+            fabric: self.fabric.clone(),
+            backups_wanted: self.config.backups,
+            geometry: self.config.geometry,
+            last_check_ns: monotonic_coarse_ns(),
+            cleanings: 0,
+            replacements: 0,
+        };
+        if leader.master.backups().is_empty() {
             // Nothing to replicate to: serve reads; writes are refused
             // (`-ERR replication failed: no live backup left`).
             eprintln!("spindle replica: member {me} leads epoch {epoch} with no live backup: read-only");
         } else {
-            for (key, object) in objects.iter() {
-                master.append_record(RecordKind::Put, key, &object.value, object.version)?;
-            }
-            master.append_record(RecordKind::SnapshotDone, &[], &[], objects.version_max())?;
+            leader.write_snapshot()?;
         }
         if let Some(r) = recovery.as_mut() {
             r.replay_ns = started.elapsed().as_nanos() as u64;
         }
-        Ok(Leader {
-            master,
-            objects,
-            recovery,
-        })
+        leader.recovery = recovery;
+        Ok(leader)
     }
 }
 
-/// Replay the newest epoch on disk whose snapshot is complete.
+impl<F: Membership> Leader<F> {
+    /// Re-append every live object and the `SnapshotDone` marker: the
+    /// start of every epoch's log.
+    fn write_snapshot(&mut self) -> Result<(), String> {
+        for (key, object) in self.objects.iter() {
+            self.master
+                .append_record(RecordKind::Put, key, &object.value, object.version)?;
+        }
+        self.master.append_snapshot_done(self.objects.version_max())
+    }
+
+    /// Housekeeping between requests (cheap unless there is work): drop
+    /// dead backups and replace them with live spares (R copies again), and
+    /// roll to a new epoch when the log is longer than
+    /// [`log_bytes_max`] (cleaning). A roll re-appends every live object,
+    /// so it pauses writes for the time it takes to copy them.
+    pub fn maintain(&mut self) -> Result<(), String> {
+        let now = monotonic_coarse_ns();
+        let too_long = self.master.head() > log_bytes_max(&self.objects, &self.geometry);
+        if !too_long && now.saturating_sub(self.last_check_ns) < CHECK_INTERVAL_NS {
+            return Ok(());
+        }
+        self.last_check_ns = now;
+        // No allocation unless a roll is due (rare): the check runs
+        // between requests at most every CHECK_INTERVAL_NS.
+        let left = self.master.check_backups();
+        let me = self.fabric.member_rank();
+        let is_spare = |r: usize| r != me && !self.master.backups().contains(&r) && self.fabric.member_alive(r);
+        let missing = self.backups_wanted.saturating_sub(left);
+        let replace = missing > 0 && (0..self.fabric.member_count()).any(is_spare);
+        if !replace && (!too_long || left == 0) {
+            return Ok(());
+        }
+        let spares: Vec<usize> = (0..self.fabric.member_count())
+            .filter(|r| is_spare(*r))
+            .take(missing)
+            .collect();
+        let mut backups = self.master.backups().to_vec();
+        self.replacements += spares.len() as u64;
+        backups.extend(spares);
+        backups.sort_unstable();
+        if too_long {
+            self.cleanings += 1;
+        }
+        self.master.roll(backups)?;
+        self.write_snapshot()
+    }
+
+    /// Stop serving cleanly: end the epoch with every backup's log sealed
+    /// on disk (a later start with the same data directory recovers it).
+    pub fn stop(&mut self) -> Result<(), String> {
+        self.master.end_epoch(true)
+    }
+}
+
+/// Replay the newest epoch on disk whose snapshot is complete: a sealed
+/// epoch up to its guard, an unsealed one (every member stopped without
+/// sealing) up to its first invalid record.
 pub fn recover(
     disk: &SegmentDisk,
     geometry: &LogGeometry,
     memory_bytes_max: usize,
 ) -> Result<(ObjectMap, RecoveryReport), String> {
     for epoch in disk.epochs() {
-        let Some(guard) = disk.sealed_guard(epoch) else {
-            continue;
-        };
+        let sealed = disk.sealed_guard(epoch);
+        let guard = sealed.unwrap_or(0);
         let segments = disk.read_segments(epoch)?;
         let mut objects = ObjectMap::new(memory_bytes_max);
         let outcome = replay_into(
@@ -284,6 +592,7 @@ pub fn recover(
                 objects: objects.len(),
                 torn: outcome.torn,
                 replay_ns: 0,
+                unsealed: sealed.is_none(),
             };
             return Ok((objects, report));
         }

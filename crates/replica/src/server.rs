@@ -2,6 +2,17 @@
 //! `clients_max` clients, each request bounded by [`Limits`]; pipelined
 //! requests are handled in batches (every complete request in what one
 //! read brought, under one lock), with one write of all their replies.
+//! A batch is one group commit: its appends do not wait one by one for
+//! the backups' replies (rpc) or echoes (tcp); the server waits once,
+//! still under the lock, before any reply of the batch is written, so no
+//! client — this one or another — sees a write before every backup has
+//! it. If that wait fails the master cannot tell which writes are
+//! replicated: it exits, and a backup takes over from its log.
+//! After each batch the leader's housekeeping runs under the same lock
+//! ([`Leader::maintain`]: replacing dead backups, cleaning the log).
+//! With a stop flag, a watcher thread stops the service cleanly when the
+//! flag is set: it takes the lock (no write in flight), ends the epoch
+//! with every backup's log sealed on disk, and exits the process.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -9,18 +20,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use spindle_fabric::shm::ShmFabric;
+use std::sync::atomic::AtomicBool;
 
 use crate::command::{execute, Args, CommandLimits, Flow};
-use crate::master::Master;
+use crate::node::{Leader, Membership};
 use crate::resp::{parse_request, reply, Limits};
 use crate::store::ObjectMap;
-
-/// The master's state, shared by the client threads.
-pub struct Store {
-    pub master: Master<ShmFabric>,
-    pub objects: ObjectMap,
-}
 
 /// Serving parameters.
 #[derive(Clone, Debug)]
@@ -29,6 +34,8 @@ pub struct ServeOptions {
     pub value_bytes_max: usize,
     /// Extra `INFO` lines (role, recovery …).
     pub info_extra: String,
+    /// Stop cleanly (and exit the process) once this is set.
+    pub stop: Option<&'static AtomicBool>,
 }
 
 /// Bind `addr`, retrying while the old master's socket lingers.
@@ -46,8 +53,29 @@ pub fn bind(addr: &str, wait: Duration) -> Result<TcpListener, String> {
 }
 
 /// Serve clients forever (the process ends the service).
-pub fn serve(listener: TcpListener, store: Store, options: ServeOptions) -> Result<(), String> {
-    let store = Arc::new(Mutex::new(store));
+pub fn serve<F: Membership>(listener: TcpListener, leader: Leader<F>, options: ServeOptions) -> Result<(), String> {
+    let store = Arc::new(Mutex::new(leader));
+    if let Some(stop) = options.stop {
+        let store = store.clone();
+        std::thread::Builder::new()
+            .name("kv-stop".into())
+            .spawn(move || {
+                // Partner: the Release store of the flag by the signal handler.
+                while !stop.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let mut leader = store.lock().unwrap_or_else(|p| p.into_inner());
+                let code = match leader.stop() {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("spindle kv: clean stop failed: {e}");
+                        1
+                    }
+                };
+                std::process::exit(code);
+            })
+            .map_err(|e| format!("start the stop watcher: {e}"))?;
+    }
     let clients = Arc::new(AtomicUsize::new(0));
     let options = Arc::new(options);
     for stream in listener.incoming() {
@@ -80,7 +108,11 @@ fn info_text(store_mode: &str, epoch: u64, backups: usize, head: u64, objects: &
     )
 }
 
-fn handle_client(mut stream: TcpStream, store: &Mutex<Store>, options: &ServeOptions) -> std::io::Result<()> {
+fn handle_client<F: Membership>(
+    mut stream: TcpStream,
+    store: &Mutex<Leader<F>>,
+    options: &ServeOptions,
+) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let limits = Limits::for_values(options.value_bytes_max);
     let command_limits = CommandLimits {
@@ -110,8 +142,10 @@ fn handle_client(mut stream: TcpStream, store: &Mutex<Store>, options: &ServeOpt
         let mut close = false;
         {
             let mut guard = store.lock().unwrap_or_else(|p| p.into_inner());
-            let Store { master, objects } = &mut *guard;
+            let leader = &mut *guard;
+            leader.master.set_deferred(true);
             loop {
+                let (master, objects) = (&mut leader.master, &mut leader.objects);
                 match parse_request(&buf[used..filled], &limits, &mut ranges) {
                     Ok(None) => break,
                     Ok(Some(consumed)) => {
@@ -135,6 +169,17 @@ fn handle_client(mut stream: TcpStream, store: &Mutex<Store>, options: &ServeOpt
                         break;
                     }
                 }
+            }
+            leader.master.set_deferred(false);
+            if let Err(e) = leader.master.complete() {
+                // Writes of this batch are applied to the objects but not
+                // known to be replicated: nobody may see them. Exit with
+                // the lock held; the backups fail over from their logs.
+                eprintln!("spindle kv: replication failed, master exits: {e}");
+                std::process::exit(70);
+            }
+            if let Err(e) = leader.maintain() {
+                eprintln!("spindle kv: housekeeping failed: {e}");
             }
         }
         buf.copy_within(used..filled, 0);

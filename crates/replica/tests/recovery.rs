@@ -35,6 +35,7 @@ fn config(group: &str, members: usize, mode: Mode, dir: &std::path::Path) -> Nod
     NodeConfig {
         group: group.to_string(),
         members,
+        backups: members - 1,
         mode,
         geometry: LogGeometry {
             segment_bytes: 16 * 1024,

@@ -21,3 +21,23 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// Whether `spindle stat --json` output shows each of `survivors` of tcp
+/// group `group`, in its own stat file, past view 0.
+pub fn survivors_in_new_view(stat: &str, group: &str, survivors: &[u64]) -> bool {
+    let Ok(doc) = serde_json::from_str::<serde_json::Value>(stat) else {
+        return false;
+    };
+    let moved_on = |me: u64| {
+        doc["groups"].as_array().into_iter().flatten().any(|g| {
+            g["group"] == group
+                && g["view_of"].as_u64() == Some(me)
+                && g["members"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|m| m["rank"].as_u64() == Some(me) && m["counters"]["view"].as_u64().unwrap_or(0) >= 1)
+        })
+    };
+    survivors.iter().all(|m| moved_on(*m))
+}

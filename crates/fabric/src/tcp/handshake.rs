@@ -65,6 +65,13 @@ pub enum Reason {
     Version = 5,
     /// Malformed message.
     Malformed = 6,
+    /// A member with this rank is still connected to the refusing side
+    /// (its close not yet noticed, or a second process with the same
+    /// rank). A dialer retries until its deadline.
+    Busy = 7,
+    /// The connection came from an address other than the configured
+    /// address of the rank the peer claims.
+    Source = 8,
 }
 
 impl Reason {
@@ -75,6 +82,8 @@ impl Reason {
             3 => Reason::Layout,
             4 => Reason::Rank,
             5 => Reason::Version,
+            7 => Reason::Busy,
+            8 => Reason::Source,
             _ => Reason::Malformed,
         }
     }
@@ -88,6 +97,8 @@ impl Reason {
             Reason::Rank => "unexpected member id on this connection",
             Reason::Version => "not a Spindle tcp peer of this version",
             Reason::Malformed => "malformed handshake message",
+            Reason::Busy => "a member with this id is still connected there (the old connection's close not yet noticed, or two processes with the same member id)",
+            Reason::Source => "the connection's source address is not the configured address of this member id (set check_source_addr = false behind NAT)",
         }
     }
 }
@@ -182,6 +193,9 @@ pub enum ExpectRank {
     Exactly(u32),
     /// The listener accepts any rank above its own (higher ranks dial).
     Above(u32),
+    /// As `Above(rank)`, but a rank in the bit-mask `busy` (still
+    /// connected) is refused with [`Reason::Busy`].
+    AboveFree { rank: u32, busy: u64 },
 }
 
 /// One side of one handshake. Drive it: send [`Handshake::hello`], then
@@ -193,6 +207,9 @@ pub struct Handshake {
     mine_bytes: [u8; HELLO_BYTES],
     expect: ExpectRank,
     theirs: Option<(Hello, [u8; HELLO_BYTES])>,
+    /// Listener side: the connection's source address and the configured
+    /// address of every rank (see [`Handshake::check_source`]).
+    source: Option<(std::net::IpAddr, Vec<std::net::IpAddr>)>,
 }
 
 /// A message to send, and whether the handshake failed with it.
@@ -207,7 +224,18 @@ impl Handshake {
             mine_bytes,
             expect,
             theirs: None,
+            source: None,
         }
+    }
+
+    /// Refuse (with [`Reason::Source`]) a peer whose connection comes from
+    /// `from` when the rank it claims is configured at another address.
+    /// `addresses[r]` is member `r`'s configured address.
+    pub fn check_source(&mut self, from: std::net::IpAddr, addresses: &[std::net::SocketAddr]) {
+        self.source = Some((
+            canonical_ip(from),
+            addresses.iter().map(|a| canonical_ip(a.ip())).collect(),
+        ));
     }
 
     /// This side's HELLO, sent first.
@@ -255,13 +283,36 @@ impl Handshake {
         }
         let rank_ok = match self.expect {
             ExpectRank::Exactly(r) => theirs.rank == r,
-            ExpectRank::Above(r) => theirs.rank > r && theirs.rank < self.mine.member_count,
+            ExpectRank::Above(r) | ExpectRank::AboveFree { rank: r, .. } => {
+                theirs.rank > r && theirs.rank < self.mine.member_count
+            }
         };
         if !rank_ok {
             return fail(
                 Reason::Rank,
                 format!("it says it is member {}, expected {:?}", theirs.rank, self.expect),
             );
+        }
+        if let ExpectRank::AboveFree { busy, .. } = self.expect {
+            if theirs.rank < 64 && busy & (1u64 << theirs.rank) != 0 {
+                return fail(
+                    Reason::Busy,
+                    format!("member {} is still connected to this member", theirs.rank),
+                );
+            }
+        }
+        if let Some((from, addresses)) = &self.source {
+            if let Some(want) = addresses.get(theirs.rank as usize) {
+                if want != from {
+                    return fail(
+                        Reason::Source,
+                        format!(
+                            "it says it is member {} but connected from {from}; member {} is configured at {want} (set check_source_addr = false behind NAT)",
+                            theirs.rank, theirs.rank
+                        ),
+                    );
+                }
+            }
         }
         if theirs.nonce == self.mine.nonce {
             return fail(Reason::Malformed, "it echoed this member's nonce".into());
@@ -328,6 +379,14 @@ impl Handshake {
         mac.update(first);
         mac.update(second);
         mac.finalize().into_bytes().into()
+    }
+}
+
+/// An IPv4 address mapped into IPv6 compares as the IPv4 address.
+fn canonical_ip(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
     }
 }
 
@@ -460,5 +519,50 @@ mod tests {
             ),
             "{lr:?}"
         );
+    }
+
+    #[test]
+    fn a_rank_still_connected_is_refused_as_busy() {
+        let d = Handshake::new(b"k", hello(2, "g", 1), ExpectRank::Exactly(0));
+        let l = Handshake::new(b"k", hello(0, "g", 2), ExpectRank::AboveFree { rank: 0, busy: 0b100 });
+        let (dr, lr) = run(d, l);
+        assert_eq!(dr, Err(HandshakeError::RefusedByPeer(Reason::Busy)));
+        assert!(
+            matches!(
+                lr,
+                Err(HandshakeError::Refused {
+                    reason: Reason::Busy,
+                    ..
+                })
+            ),
+            "{lr:?}"
+        );
+        let d = Handshake::new(b"k", hello(1, "g", 1), ExpectRank::Exactly(0));
+        let l = Handshake::new(b"k", hello(0, "g", 2), ExpectRank::AboveFree { rank: 0, busy: 0b100 });
+        assert_eq!(run(d, l), (Ok(()), Ok(())), "a free rank is accepted");
+    }
+
+    #[test]
+    fn a_source_address_other_than_the_claimed_ranks_is_refused() {
+        let addresses: Vec<std::net::SocketAddr> =
+            vec!["10.0.0.1:7000".parse().unwrap(), "10.0.0.2:7000".parse().unwrap()];
+        let d = Handshake::new(b"k", hello(1, "g", 1), ExpectRank::Exactly(0));
+        let mut l = Handshake::new(b"k", hello(0, "g", 2), ExpectRank::Above(0));
+        l.check_source("10.0.0.9".parse().unwrap(), &addresses);
+        let (dr, lr) = run(d, l);
+        assert_eq!(dr, Err(HandshakeError::RefusedByPeer(Reason::Source)));
+        match lr {
+            Err(HandshakeError::Refused {
+                reason: Reason::Source,
+                detail,
+            }) => {
+                assert!(detail.contains("10.0.0.9") && detail.contains("10.0.0.2"), "{detail}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let d = Handshake::new(b"k", hello(1, "g", 1), ExpectRank::Exactly(0));
+        let mut l = Handshake::new(b"k", hello(0, "g", 2), ExpectRank::Above(0));
+        l.check_source("::ffff:10.0.0.2".parse().unwrap(), &addresses);
+        assert_eq!(run(d, l), (Ok(()), Ok(())), "an IPv4-mapped source matches");
     }
 }

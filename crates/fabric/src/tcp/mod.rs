@@ -11,25 +11,47 @@
 //!  copy of row 1 ◀──atomic stores── recv thread ◀──TCP── sendmsg ◀──push── own row
 //! ```
 //!
-//! - **Connections**: member `r` listens on `addresses[r]`; it dials every
-//!   lower rank and accepts every higher one. Each connection starts with
-//!   the [`handshake`]: both ends prove the group key (HMAC-SHA256) and
-//!   agree on the group name and layout before any group data flows.
+//! - **Connections**: member `r` listens on `addresses[r]`; **the higher
+//!   rank always dials the lower one**, at `open` and afterwards, so each
+//!   pair has exactly one dialer. `open` waits for the peers in
+//!   [`TcpOptions::wait_for`] (all by default); after it, the link thread
+//!   ([`link`]) keeps accepting from higher ranks that are not connected
+//!   and keeps re-dialing lower ranks that are not (backoff 20–500 ms), so
+//!   a member that starts late, or a restarted process that takes a lost
+//!   member's rank, joins the running ones. Before a (re)connected peer's
+//!   first frame is applied, the local copy of its row is zeroed (a new
+//!   incarnation starts from zeros). Each connection starts with the
+//!   [`handshake`]: both ends prove the group key (HMAC-SHA256) and agree
+//!   on the group name and layout before any group data flows; the
+//!   listener also checks the source address against the claimed rank's
+//!   configured address ([`TcpOptions::check_source_addr`]).
 //! - **Threads**: the caller's thread pushes: one `sendmsg` per push and
 //!   peer (headers and row bytes gathered without a copy), or, with
 //!   [`TcpOptions::coalesce`], one per progress pass (small pushes copied
 //!   into a per-peer buffer, flushed at a doorbell ring or an explicit
 //!   [`TcpFabric::flush`]). One receive thread per process serves every
 //!   peer with `poll` ([`recv`]); a progress loop parked on the doorbell
-//!   polls the same sockets and receives itself, so a frame wakes it
-//!   directly, while the receive thread naps. The receive thread never
+//!   polls the same sockets (`ppoll`, nanosecond timeout) and receives
+//!   itself, so a frame wakes it directly, and it takes what has arrived
+//!   before it parks; while a loop parks (or has parked since the receive
+//!   thread last looked), the receive thread naps. The receive thread never
 //!   sends (it can never block on a full socket while its peer waits for
-//!   it to read).
+//!   it to read). The link thread makes late connections (above).
+//! - **TLS** (optional, [`TcpOptions::tls`], [`tls`]): each connection
+//!   runs a rustls handshake with mutual authentication against the
+//!   group's CA first, then the group-key handshake and every frame inside
+//!   the session (a copy and an encryption per byte; no zero-copy send).
+//! - **Stat file**: with [`TcpOptions::stat_dir`], the rows live in a
+//!   shared mapping of `<dir>/spindle@tcp-<group>@<rank>` ([`stat`]), so
+//!   `spindle stat` on the same host shows this member's view.
 //! - **Liveness**: a clean close sends a `LEAVE` frame (`PeerLeft`); a
 //!   closed, reset or timed-out connection is `PeerGone`; a bad frame
 //!   closes the connection and is reported as `BadFrame`, naming the
 //!   fault. TCP keepalive and `TCP_USER_TIMEOUT` bound how long a silent
 //!   peer (a cut network) goes unnoticed: `peer_timeout`.
+//!   [`Fabric::lost_peers`] lists every lost peer at once; a peer that
+//!   never connected yet is [`PeerStatus::Waiting`], not lost, and
+//!   [`Fabric::joined`] is this member and its connected peers.
 //!
 //! ```no_run
 //! use spindle_fabric::{Fabric, PeerSet, tcp::{TcpFabric, TcpOptions}};
@@ -42,7 +64,10 @@
 
 pub mod frame;
 pub mod handshake;
+mod link;
 mod recv;
+pub mod stat;
+pub mod tls;
 
 use std::alloc::Layout;
 use std::io::{self, Read, Write};
@@ -50,7 +75,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -106,6 +131,31 @@ pub struct TcpOptions {
     /// pass (the bench and `spindle run` do), one `sendmsg` per pass
     /// however many times the layer above rings. On by default.
     pub flush_on_ring: bool,
+    /// The peers [`TcpFabric::open`] waits for (`None`: every peer, the
+    /// default). The others may connect later: a member that starts late,
+    /// or a restarted process taking a lost member's rank. Until then
+    /// their status is [`PeerStatus::Waiting`] and [`Fabric::joined`]
+    /// leaves them out.
+    pub wait_for: Option<PeerSet>,
+    /// Refuse a connection whose source address is not the configured
+    /// address (`addresses[r]`) of the rank `r` it claims. On by default;
+    /// turn it off behind NAT or when members dial from another interface
+    /// than the one they listen on.
+    pub check_source_addr: bool,
+    /// Keep the rows in a stat file in this directory (`None`, the
+    /// default: on the heap), so that `spindle stat` on this host sees
+    /// this member's rows and connections ([`stat`]); `spindle run` and
+    /// the bench use `/dev/shm`. A member killed with SIGKILL leaves its
+    /// file behind (`spindle stat` shows it as crashed).
+    pub stat_dir: Option<std::path::PathBuf>,
+    /// The layer above's description of its row layout (shown by `spindle
+    /// stat`, which rebuilds the layout from it). The group layer's
+    /// `SmcLayout` summary; by default just the sizes and tag.
+    pub layout_description: String,
+    /// Run every connection inside TLS (rustls), with mutual
+    /// authentication against the group's CA ([`tls`]). `None` (the
+    /// default): plain TCP, authenticated by the group key only.
+    pub tls: Option<tls::TlsConfig>,
 }
 
 /// Largest push that coalescing copies (larger ones go straight from the
@@ -123,6 +173,10 @@ impl TcpOptions {
         addresses: Vec<SocketAddr>,
         key: Vec<u8>,
     ) -> TcpOptions {
+        let layout_description = format!(
+            "members={} row_len_bytes={row_len_bytes} tag={layout_tag:#x}",
+            addresses.len()
+        );
         TcpOptions {
             group: group.to_string(),
             row_len_bytes,
@@ -134,7 +188,18 @@ impl TcpOptions {
             peer_timeout: Duration::from_secs(3),
             coalesce: false,
             flush_on_ring: true,
+            wait_for: None,
+            check_source_addr: true,
+            stat_dir: None,
+            layout_description,
+            tls: None,
         }
+    }
+
+    /// The peers `open` must wait for, as a mask (never `rank` itself).
+    fn required(&self, rank: usize) -> u64 {
+        let all = PeerSet::all(self.addresses.len()).0;
+        self.wait_for.map(|w| w.0).unwrap_or(all) & all & !(1u64 << rank)
     }
 
     fn validate(&self, rank: usize) -> Result<(), FabricError> {
@@ -153,6 +218,15 @@ impl TcpOptions {
                 "row_len_bytes {} must be in 1..={ROW_BYTES_MAX}",
                 self.row_len_bytes
             )));
+        }
+        if let Some(w) = self.wait_for {
+            let all = PeerSet::all(member_count).0;
+            if w.0 & !all != 0 {
+                return Err(FabricError::InvalidOption(format!(
+                    "wait_for names ranks {:?}, but the group has {member_count} members",
+                    PeerSet(w.0 & !all).iter().collect::<Vec<_>>()
+                )));
+            }
         }
         if self.peer_timeout < Duration::from_millis(100) {
             return Err(FabricError::InvalidOption(format!(
@@ -175,6 +249,9 @@ pub enum PeerStatus {
     Gone = 2,
     /// It sent a bad frame; the connection was closed.
     Fault = 3,
+    /// Not connected yet: a peer that [`TcpOptions::wait_for`] left out
+    /// and that has not connected since (not a loss).
+    Waiting = 4,
 }
 
 /// What the fabric and its receive thread share.
@@ -195,20 +272,36 @@ pub(crate) struct Inner {
     flush_on_ring: bool,
     /// The receive state; see [`recv::Rx`].
     rx: Mutex<recv::Rx>,
-    /// The peers' sockets, by reader index (immutable), and which are
-    /// still open (bit = reader index).
-    rx_fds: Vec<i32>,
+    /// The peers' sockets by rank (-1: none yet), and which are open
+    /// (bit = rank). Written by the link thread under the `rx` lock when a
+    /// peer (re)connects ([`recv::Rx::install`]).
+    rx_fds: Vec<AtomicI32>,
     open_mask: std::sync::atomic::AtomicU64,
+    /// Tells the link thread to stop (set first when the fabric drops).
+    link_stop: AtomicBool,
+    /// The last connection that the link thread refused or failed to
+    /// make, for diagnostics ([`TcpFabric::last_link_error`]).
+    link_error: Mutex<Option<String>>,
     /// An eventfd that wakes a progress thread parked in [`recv::park`].
     wake_fd: i32,
     /// Progress threads between `prepare_park` and the end of `park`.
     sleepers: std::sync::atomic::AtomicU32,
+    /// Parks of progress loops (counted in `prepare_park`). While it
+    /// moves, a loop parks on the sockets regularly and receives there, so
+    /// the receive thread naps instead of competing for the same frames
+    /// (one wake-up per arrival, not two); a busy loop that never parks
+    /// leaves the receiving to the receive thread, in parallel.
+    parks: std::sync::atomic::AtomicU64,
 }
 
 /// One peer's send side: the socket and the pushes copied since the last
 /// flush (coalescing mode).
 struct PeerWriter {
-    stream: TcpStream,
+    /// `None` until the peer first connects.
+    stream: Option<TcpStream>,
+    /// The connection's TLS session, and the ciphertext of one send.
+    tls: Option<tls::Session>,
+    tls_out: Vec<u8>,
     pending: Box<[u8]>,
     pending_len: usize,
 }
@@ -226,7 +319,8 @@ impl Inner {
             0 => PeerStatus::Connected,
             1 => PeerStatus::Left,
             2 => PeerStatus::Gone,
-            _ => PeerStatus::Fault,
+            3 => PeerStatus::Fault,
+            _ => PeerStatus::Waiting,
         }
     }
 
@@ -238,7 +332,15 @@ impl Inner {
         // Partner: the Acquire load in status(): whoever sees the new
         // status sees the reason.
         self.status[rank].store(status as u8, Ordering::Release);
+        self.mirror_status(rank, status);
         self.wake_local();
+    }
+
+    /// Show `rank`'s status in the stat file (for `spindle stat`).
+    fn mirror_status(&self, rank: usize, status: PeerStatus) {
+        if let Some(s) = self.rows.stat() {
+            s.header().peer_status[rank].store(status as u8, Ordering::Relaxed);
+        }
     }
 
     fn why(&self, rank: usize) -> Option<String> {
@@ -258,6 +360,8 @@ impl Inner {
                 continue;
             }
             if let Err(e) = self.send_frames(peer, &mut w, None) {
+                // Under the writer lock: a reconnection installs its stream
+                // (and then Connected) only after this.
                 self.set_status(peer, PeerStatus::Gone, Some(format!("sending to it failed: {e}")));
             }
         }
@@ -266,8 +370,15 @@ impl Inner {
     /// Send `w`'s pending bytes, then (if given) `range` of the own row as
     /// frames straight from the row, in as few `sendmsg` calls as the
     /// iovec budget allows.
-    fn send_frames(&self, _peer: usize, w: &mut PeerWriter, range: Option<&Range<usize>>) -> io::Result<()> {
+    fn send_frames(&self, peer: usize, w: &mut PeerWriter, range: Option<&Range<usize>>) -> io::Result<()> {
         let base = self.row_ptr(self.rank);
+        let Some(fd) = w.stream.as_ref().map(|s| s.as_raw_fd()) else {
+            w.pending_len = 0;
+            return Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!("member {peer} has not connected yet"),
+            ));
+        };
         let mut headers = [[0u8; FRAME_HEADER_BYTES]; FRAMES_PER_SEND_MAX];
         let mut iov = [libc::iovec {
             iov_base: std::ptr::null_mut(),
@@ -303,7 +414,28 @@ impl Inner {
             if n_iov == 0 {
                 break;
             }
-            let sent = send_all(w.stream.as_raw_fd(), &mut iov[..n_iov]);
+            let sent = match &w.tls {
+                None => send_all(fd, &mut iov[..n_iov]),
+                Some(session) => {
+                    let parts: Vec<&[u8]> = iov[..n_iov]
+                        .iter()
+                        // SAFETY: each iovec points to memory valid for
+                        // reads of its length (see send_all), alive here.
+                        .map(|v| unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) })
+                        .collect();
+                    let mut out = std::mem::take(&mut w.tls_out);
+                    let sealed = tls::seal(session, &parts, &mut out);
+                    let sent = sealed.and_then(|()| {
+                        let mut one = [libc::iovec {
+                            iov_base: out.as_mut_ptr() as *mut libc::c_void,
+                            iov_len: out.len(),
+                        }];
+                        send_all(fd, &mut one)
+                    });
+                    w.tls_out = out;
+                    sent
+                }
+            };
             w.pending_len = 0;
             sent?;
             n_iov = 0;
@@ -349,6 +481,10 @@ impl Doorbell for Inner {
             // Never sleep on unsent pushes.
             self.flush_all();
         }
+        // Take what has arrived: the caller's re-check then sees it and
+        // does not park at all.
+        recv::try_receive(self);
+        self.parks.fetch_add(1, Ordering::Relaxed);
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         0
     }
@@ -361,10 +497,16 @@ impl Doorbell for Inner {
     }
 }
 
-/// The rows of every member: one zeroed, cache-line-aligned allocation.
+/// The rows of every member: one zeroed, cache-line-aligned allocation,
+/// on the heap or in the member's stat file ([`stat`]).
 struct RowsAlloc {
     ptr: NonNull<u8>,
-    layout: Layout,
+    backing: Backing,
+}
+
+enum Backing {
+    Heap(Layout),
+    Stat(stat::StatFile),
 }
 
 // SAFETY: the allocation is plain memory; all shared access goes through
@@ -381,7 +523,25 @@ impl RowsAlloc {
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| FabricError::InvalidOption(format!("cannot allocate {bytes} bytes of rows")))?;
-        Ok(RowsAlloc { ptr, layout })
+        Ok(RowsAlloc {
+            ptr,
+            backing: Backing::Heap(layout),
+        })
+    }
+
+    /// The rows in a stat file (zeroed by its creation).
+    fn in_stat_file(file: stat::StatFile) -> RowsAlloc {
+        RowsAlloc {
+            ptr: file.rows_ptr(),
+            backing: Backing::Stat(file),
+        }
+    }
+
+    fn stat(&self) -> Option<&stat::StatFile> {
+        match &self.backing {
+            Backing::Stat(s) => Some(s),
+            Backing::Heap(_) => None,
+        }
     }
 }
 
@@ -395,8 +555,11 @@ impl Drop for Inner {
 
 impl Drop for RowsAlloc {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        if let Backing::Heap(layout) = self.backing {
+            // SAFETY: allocated in `new` with this layout, freed once.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
+        }
+        // A stat file unmaps (and unlinks) itself.
     }
 }
 
@@ -406,6 +569,7 @@ pub struct TcpFabric {
     member_count: usize,
     inner: Arc<Inner>,
     receiver: Option<JoinHandle<()>>,
+    linker: Option<JoinHandle<()>>,
     description: String,
 }
 
@@ -448,24 +612,83 @@ impl TcpFabric {
             nonce: [0; handshake::NONCE_BYTES],
         };
         hello.nonce = handshake::random_nonce().map_err(|e| FabricError::io("read /dev/urandom", e))?;
-        let rows = RowsAlloc::new(total)?;
-        let streams = connect::connect_all(options, rank, listener, &hello)?;
+        let mut stat_note = String::new();
+        let rows = match &options.stat_dir {
+            Some(dir) => {
+                let id = stat::StatIdentity {
+                    group: &options.group,
+                    rank,
+                    member_count,
+                    row_len_bytes,
+                    layout_tag: options.layout_tag,
+                    description: &options.layout_description,
+                };
+                match stat::StatFile::create(dir, &id) {
+                    Ok(f) => RowsAlloc::in_stat_file(f),
+                    Err(e) => {
+                        // No stat file (the directory is not writable, or
+                        // another process on this host runs this rank of
+                        // a group with this name): `spindle stat` will not
+                        // list this member; the group works the same.
+                        stat_note = format!(" (no stat file: {e})");
+                        RowsAlloc::new(total)?
+                    }
+                }
+            }
+            None => RowsAlloc::new(total)?,
+        };
+        let tls_context = match &options.tls {
+            Some(config) => Some(Arc::new(tls::TlsContext::new(config)?)),
+            None => None,
+        };
+        let streams = connect::connect_all(options, rank, &listener, &hello, tls_context.as_deref())?;
         let mut writers = Vec::with_capacity(member_count);
-        let mut readers = Vec::new();
+        let mut readers = Vec::with_capacity(member_count);
+        let mut status = Vec::with_capacity(member_count);
+        let mut rx_fds = Vec::with_capacity(member_count);
+        let mut open_mask = 0u64;
         for (peer, stream) in streams.into_iter().enumerate() {
+            let pending = vec![0u8; if options.coalesce { PENDING_BYTES } else { 0 }].into_boxed_slice();
             match stream {
-                Some(s) => {
+                Some((s, session)) => {
                     let read_half = s
                         .try_clone()
                         .map_err(|e| FabricError::io(format!("clone the socket of member {peer}"), e))?;
-                    readers.push(recv::PeerReader::new(peer, read_half, row_len_bytes));
+                    rx_fds.push(AtomicI32::new(read_half.as_raw_fd()));
+                    open_mask |= 1u64 << peer;
+                    readers.push(Some(recv::PeerReader::new(
+                        peer,
+                        read_half,
+                        row_len_bytes,
+                        session.clone(),
+                    )));
                     writers.push(Some(Mutex::new(PeerWriter {
-                        stream: s,
-                        pending: vec![0u8; if options.coalesce { PENDING_BYTES } else { 0 }].into_boxed_slice(),
+                        stream: Some(s),
+                        tls: session,
+                        tls_out: Vec::new(),
+                        pending,
                         pending_len: 0,
                     })));
+                    status.push(AtomicU8::new(PeerStatus::Connected as u8));
                 }
-                None => writers.push(None),
+                None if peer == rank => {
+                    rx_fds.push(AtomicI32::new(-1));
+                    readers.push(None);
+                    writers.push(None);
+                    status.push(AtomicU8::new(PeerStatus::Connected as u8));
+                }
+                None => {
+                    rx_fds.push(AtomicI32::new(-1));
+                    readers.push(None);
+                    writers.push(Some(Mutex::new(PeerWriter {
+                        stream: None,
+                        tls: None,
+                        tls_out: Vec::new(),
+                        pending,
+                        pending_len: 0,
+                    })));
+                    status.push(AtomicU8::new(PeerStatus::Waiting as u8));
+                }
             }
         }
         // SAFETY: eventfd has no memory preconditions; the fd is owned by
@@ -474,19 +697,12 @@ impl TcpFabric {
         if wake_fd < 0 {
             return Err(FabricError::io("create an eventfd", io::Error::last_os_error()));
         }
-        assert!(readers.len() < MEMBERS_MAX, "at most 63 peers");
-        let rx_fds: Vec<i32> = readers.iter().map(|r| r.stream.as_raw_fd()).collect();
-        let open_mask = if readers.is_empty() {
-            0
-        } else {
-            u64::MAX >> (64 - readers.len())
-        };
         let inner = Arc::new(Inner {
             rank,
             rows,
             row_len_bytes,
             doorbell: FutexDoorbell::new_local(),
-            status: (0..member_count).map(|_| AtomicU8::new(0)).collect(),
+            status,
             why: (0..member_count).map(|_| Mutex::new(None)).collect(),
             stop: AtomicBool::new(false),
             writers,
@@ -495,27 +711,47 @@ impl TcpFabric {
             rx: Mutex::new(recv::Rx::new(readers)),
             rx_fds,
             open_mask: std::sync::atomic::AtomicU64::new(open_mask),
+            link_stop: AtomicBool::new(false),
+            link_error: Mutex::new(None),
             wake_fd,
             sleepers: std::sync::atomic::AtomicU32::new(0),
+            parks: std::sync::atomic::AtomicU64::new(0),
         });
-        let receiver = if inner.rx_fds.is_empty() {
-            None
-        } else {
-            let inner = Arc::clone(&inner);
-            Some(
+        let mut fabric = TcpFabric {
+            rank,
+            member_count,
+            inner,
+            receiver: None,
+            linker: None,
+            description: format!("tcp:{}#{rank}@{}{stat_note}", options.group, options.addresses[rank]),
+        };
+        for peer in 0..member_count {
+            fabric.inner.mirror_status(peer, fabric.inner.status(peer));
+        }
+        if member_count > 1 {
+            let inner = Arc::clone(&fabric.inner);
+            fabric.receiver = Some(
                 std::thread::Builder::new()
                     .name(format!("spindle-tcp-recv-{rank}"))
                     .spawn(move || recv::run(inner))
                     .map_err(|e| FabricError::io("start the receive thread", e))?,
-            )
-        };
-        Ok(TcpFabric {
-            rank,
-            member_count,
-            inner,
-            receiver,
-            description: format!("tcp:{}#{rank}@{}", options.group, options.addresses[rank]),
-        })
+            );
+            let link = link::Link::new(options, rank, listener, hello, tls_context)?;
+            let inner = Arc::clone(&fabric.inner);
+            fabric.linker = Some(
+                std::thread::Builder::new()
+                    .name(format!("spindle-tcp-link-{rank}"))
+                    .spawn(move || link.run(&inner))
+                    .map_err(|e| FabricError::io("start the link thread", e))?,
+            );
+        }
+        Ok(fabric)
+    }
+
+    /// Why the link thread last refused a connection or failed to make
+    /// one (after `open`), if it did.
+    pub fn last_link_error(&self) -> Option<String> {
+        self.inner.link_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The state of the connection to `rank`, and why it closed.
@@ -524,6 +760,8 @@ impl TcpFabric {
     }
 
     /// Send the pushes coalesced so far (see [`TcpOptions::coalesce`]).
+    /// It does not receive: a receive per pass (a `poll` system call each)
+    /// made spinning loops slower on a 2-core machine, not faster.
     pub fn flush(&self) {
         self.inner.flush_all();
     }
@@ -536,10 +774,22 @@ impl TcpFabric {
             return Ok(());
         };
         let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+        let result = self.send_push_locked(peer, &mut w, range);
+        if let Err(e) = &result {
+            // A broken connection is the peer's loss, reported by
+            // check_peers; the push to the others goes on. Under the writer
+            // lock: a reconnection installs its stream only after this.
+            self.inner
+                .set_status(peer, PeerStatus::Gone, Some(format!("sending to it failed: {e}")));
+        }
+        result
+    }
+
+    fn send_push_locked(&self, peer: usize, w: &mut PeerWriter, range: &Range<usize>) -> io::Result<()> {
         let len = range.len();
         if self.inner.coalesce && len <= COALESCE_PUSH_BYTES_MAX {
             if w.pending_len + FRAME_HEADER_BYTES + len > w.pending.len() {
-                self.inner.send_frames(peer, &mut w, None)?;
+                self.inner.send_frames(peer, w, None)?;
             }
             let at = w.pending_len;
             w.pending[at..at + FRAME_HEADER_BYTES].copy_from_slice(&encode_write(range.start as u64, len as u32));
@@ -558,7 +808,7 @@ impl TcpFabric {
             w.pending_len = at + FRAME_HEADER_BYTES + len;
             return Ok(());
         }
-        self.inner.send_frames(peer, &mut w, Some(range))
+        self.inner.send_frames(peer, w, Some(range))
     }
 }
 
@@ -637,12 +887,8 @@ impl Fabric for TcpFabric {
             if self.inner.status(peer) != PeerStatus::Connected {
                 continue; // reported by check_peers
             }
-            if let Err(e) = self.send_push(peer, &range) {
-                // A broken connection is the peer's loss, reported by
-                // check_peers; the push to the others goes on.
-                self.inner
-                    .set_status(peer, PeerStatus::Gone, Some(format!("sending to it failed: {e}")));
-            }
+            // An error marked the peer Gone (see send_push).
+            let _ = self.send_push(peer, &range);
         }
         Ok(())
     }
@@ -650,7 +896,7 @@ impl Fabric for TcpFabric {
     fn check_peers(&self) -> Result<(), FabricError> {
         for rank in (0..self.member_count).filter(|r| *r != self.rank) {
             match self.inner.status(rank) {
-                PeerStatus::Connected => {}
+                PeerStatus::Connected | PeerStatus::Waiting => {}
                 PeerStatus::Left => return Err(FabricError::PeerLeft { rank }),
                 PeerStatus::Gone => return Err(FabricError::PeerGone { rank }),
                 PeerStatus::Fault => {
@@ -664,9 +910,33 @@ impl Fabric for TcpFabric {
         Ok(())
     }
 
+    /// The peers whose connection was lost: closed, reset, timed out, left
+    /// or faulted (not [`PeerStatus::Connected`], and not still
+    /// [`PeerStatus::Waiting`] for a first connection). Never an error; a
+    /// lost peer that reconnects (a restarted process with its rank) leaves
+    /// the set again.
+    fn lost_peers(&self) -> PeerSet {
+        let mut lost = 0u64;
+        for rank in (0..self.member_count).filter(|r| *r != self.rank) {
+            if matches!(
+                self.inner.status(rank),
+                PeerStatus::Left | PeerStatus::Gone | PeerStatus::Fault
+            ) {
+                lost |= 1u64 << rank;
+            }
+        }
+        PeerSet(lost)
+    }
+
     fn joined(&self) -> PeerSet {
-        // Open returns only once every peer has connected.
-        PeerSet::all(self.member_count)
+        // This member and the peers connected now.
+        let mut joined = 1u64 << self.rank;
+        for rank in (0..self.member_count).filter(|r| *r != self.rank) {
+            if self.inner.status(rank) == PeerStatus::Connected {
+                joined |= 1u64 << rank;
+            }
+        }
+        PeerSet(joined)
     }
 
     fn doorbell(&self) -> &dyn Doorbell {
@@ -680,15 +950,32 @@ impl Fabric for TcpFabric {
 
 impl Drop for TcpFabric {
     fn drop(&mut self) {
+        // No new connections from here on. Partner: the Acquire load of
+        // `link_stop` in the link loop.
+        self.inner.link_stop.store(true, Ordering::Release);
+        if let Some(t) = self.linker.take() {
+            let _ = t.join();
+        }
         self.inner.flush_all();
         let leave = encode_leave();
         for (peer, writer) in self.inner.writers.iter().enumerate() {
             let Some(writer) = writer else { continue };
             let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+            let w = &mut *w;
+            let Some(stream) = w.stream.as_mut() else { continue };
             if self.inner.status(peer) == PeerStatus::Connected || self.inner.status(peer) == PeerStatus::Left {
-                let _ = w.stream.write_all(&leave);
+                match &w.tls {
+                    None => {
+                        let _ = stream.write_all(&leave);
+                    }
+                    Some(session) => {
+                        if tls::seal(session, &[&leave], &mut w.tls_out).is_ok() {
+                            let _ = stream.write_all(&w.tls_out);
+                        }
+                    }
+                }
             }
-            let _ = w.stream.shutdown(Shutdown::Write);
+            let _ = stream.shutdown(Shutdown::Write);
         }
         // Let the peers' own LEAVE arrive, so closing with unread bytes does
         // not reset connections that still carry their last frames.
@@ -707,24 +994,36 @@ impl Drop for TcpFabric {
 }
 
 mod connect {
-    //! Connection set-up: dial lower ranks, accept higher ones, handshake.
+    //! Connection set-up at `open`: dial the lower ranks it waits for,
+    //! accept the higher ones (and any other higher rank that dials
+    //! meanwhile), handshake. After `open` the link thread ([`super::link`])
+    //! makes the connections that are still missing or were lost.
 
     use super::*;
 
-    /// Connect to every peer; `result[r]` is the connection to member `r`.
+    /// A connection after its handshake: the socket, and the TLS session
+    /// over it when the group uses TLS.
+    pub type Conn = (TcpStream, Option<tls::Session>);
+
+    /// Connect to every peer that `options` says to wait for; `result[r]`
+    /// is the connection to member `r` (`None` for this member and for
+    /// peers left to the link thread).
     pub fn connect_all(
         options: &TcpOptions,
         rank: usize,
-        listener: TcpListener,
+        listener: &TcpListener,
         hello: &Hello,
-    ) -> Result<Vec<Option<TcpStream>>, FabricError> {
+        tls: Option<&tls::TlsContext>,
+    ) -> Result<Vec<Option<Conn>>, FabricError> {
         let member_count = options.addresses.len();
+        let required = options.required(rank);
         let deadline = Instant::now() + options.join_timeout;
         let abort = AtomicBool::new(false);
         let accepted = std::thread::scope(|s| {
-            let acceptor = s.spawn(|| accept_higher(options, rank, &listener, hello, deadline, &abort));
+            let acceptor = s.spawn(|| accept_higher(options, rank, listener, hello, tls, deadline, &abort));
             let dialed = (0..rank)
-                .map(|peer| dial(options, rank, peer, hello, deadline, &abort))
+                .filter(|peer| required & (1u64 << peer) != 0)
+                .map(|peer| dial(options, peer, hello, tls, deadline, &abort).map(|s| (peer, s)))
                 .collect::<Result<Vec<_>, _>>();
             if dialed.is_err() {
                 abort.store(true, Ordering::Relaxed);
@@ -736,22 +1035,22 @@ mod connect {
             }
         })?;
         let (dialed, accepted) = accepted;
-        let mut streams: Vec<Option<TcpStream>> = (0..member_count).map(|_| None).collect();
-        for (peer, s) in dialed.into_iter().enumerate() {
-            streams[peer] = Some(s);
-        }
-        for (peer, s) in accepted {
+        let mut streams: Vec<Option<Conn>> = (0..member_count).map(|_| None).collect();
+        for (peer, s) in dialed.into_iter().chain(accepted) {
             streams[peer] = Some(s);
         }
         for (peer, s) in streams.iter().enumerate() {
-            if let Some(s) = s {
+            if let Some((s, _)) = s {
                 tune(s, options.peer_timeout)
                     .map_err(|e| FabricError::io(format!("set socket options for member {peer}"), e))?;
             }
         }
         assert!(
-            streams.iter().enumerate().all(|(r, s)| s.is_some() == (r != rank)),
-            "connectivity: one connection to every peer, none to itself"
+            streams
+                .iter()
+                .enumerate()
+                .all(|(r, s)| (r != rank || s.is_none()) && (required & (1u64 << r) == 0 || s.is_some())),
+            "connectivity: one connection to every required peer, none to itself"
         );
         Ok(streams)
     }
@@ -761,22 +1060,27 @@ mod connect {
         rank: usize,
         listener: &TcpListener,
         hello: &Hello,
+        tls: Option<&tls::TlsContext>,
         deadline: Instant,
         abort: &AtomicBool,
-    ) -> Result<Vec<(usize, TcpStream)>, FabricError> {
-        let member_count = options.addresses.len();
-        let mut got: Vec<(usize, TcpStream)> = Vec::new();
+    ) -> Result<Vec<(usize, Conn)>, FabricError> {
+        let higher = if rank + 1 >= MEMBERS_MAX {
+            0
+        } else {
+            u64::MAX << (rank + 1)
+        };
+        let required_higher = options.required(rank) & higher;
+        let mut got: Vec<(usize, Conn)> = Vec::new();
+        let mut got_mask = 0u64;
         listener
             .set_nonblocking(true)
             .map_err(|e| FabricError::io("listener", e))?;
-        while got.len() < member_count - rank - 1 {
+        while got_mask & required_higher != required_higher {
             if abort.load(Ordering::Relaxed) {
                 return Ok(got);
             }
             if Instant::now() >= deadline {
-                let missing: Vec<usize> = (rank + 1..member_count)
-                    .filter(|r| !got.iter().any(|(g, _)| g == r))
-                    .collect();
+                let missing: Vec<usize> = PeerSet(required_higher & !got_mask).iter().collect();
                 return Err(FabricError::JoinTimeout {
                     group: options.group.clone(),
                     missing,
@@ -795,14 +1099,20 @@ mod connect {
             stream
                 .set_nonblocking(false)
                 .map_err(|e| FabricError::io("accepted socket", e))?;
-            let peer = handshake_io(
+            let source = options
+                .check_source_addr
+                .then_some((from, options.addresses.as_slice()));
+            let (peer, session) = handshake_io(
                 &stream,
                 &options.key,
                 hello,
                 ExpectRank::Above(rank as u32),
+                source,
+                tls.map(|t| (t, None)),
                 &format!("connecting from {from}"),
-            )?;
-            if got.iter().any(|(g, _)| *g == peer) {
+            )
+            .map_err(|(e, _)| e)?;
+            if got_mask & (1u64 << peer) != 0 {
                 return Err(FabricError::Handshake {
                     peer: format!("member {peer} at {from}"),
                     fault:
@@ -810,19 +1120,20 @@ mod connect {
                             .into(),
                 });
             }
-            got.push((peer, stream));
+            got_mask |= 1u64 << peer;
+            got.push((peer, (stream, session)));
         }
         Ok(got)
     }
 
     fn dial(
         options: &TcpOptions,
-        rank: usize,
         peer: usize,
         hello: &Hello,
+        tls: Option<&tls::TlsContext>,
         deadline: Instant,
         abort: &AtomicBool,
-    ) -> Result<TcpStream, FabricError> {
+    ) -> Result<Conn, FabricError> {
         let addr = options.addresses[peer];
         let mut backoff = Duration::from_millis(10);
         let mut last_error = String::from("none");
@@ -842,16 +1153,26 @@ mod connect {
             let attempt = CONNECT_ATTEMPT_TIMEOUT.min(deadline - now);
             match TcpStream::connect_timeout(&addr, attempt) {
                 Ok(stream) => {
-                    let id = handshake_io(
+                    match handshake_io(
                         &stream,
                         &options.key,
                         hello,
                         ExpectRank::Exactly(peer as u32),
+                        None,
+                        tls.map(|t| (t, Some(addr.ip()))),
                         &format!("member {peer} at {addr}"),
-                    )?;
-                    debug_assert_eq!(id, peer);
-                    let _ = rank;
-                    return Ok(stream);
+                    ) {
+                        Ok((id, session)) => {
+                            debug_assert_eq!(id, peer);
+                            return Ok((stream, session));
+                        }
+                        // It still has the old connection of this rank
+                        // (a restart): try again until the deadline.
+                        Err((e, true)) => last_error = e.to_string(),
+                        Err((e, false)) => return Err(e),
+                    }
+                    std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
                 }
                 Err(e) => {
                     last_error = e.to_string();
@@ -862,14 +1183,26 @@ mod connect {
         }
     }
 
-    /// Run the handshake over `stream`; the peer's rank on success.
-    fn handshake_io(
+    /// Run the handshake over `stream`; the peer's rank on success, else
+    /// the error and whether the peer refused this member as busy (it
+    /// still holds a connection of this rank: worth another try). With
+    /// `source` (the listener side), the connection's source address
+    /// must be the configured address of the rank the peer claims.
+    /// With `tls`, the TLS handshake runs first (as the client checking
+    /// the certificate for the dialed address when one is given, else as
+    /// the server), then the group-key handshake inside the session,
+    /// which is returned.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn handshake_io(
         stream: &TcpStream,
         key: &[u8],
         hello: &Hello,
         expect: ExpectRank,
+        source: Option<(SocketAddr, &[SocketAddr])>,
+        tls: Option<(&tls::TlsContext, Option<std::net::IpAddr>)>,
         who: &str,
-    ) -> Result<usize, FabricError> {
+    ) -> Result<(usize, Option<tls::Session>), (FabricError, bool)> {
+        let mut busy = false;
         let fail = |fault: String| FabricError::Handshake {
             peer: who.to_string(),
             fault,
@@ -878,11 +1211,59 @@ mod connect {
             .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
             .and_then(|_| stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
             .and_then(|_| stream.set_nodelay(true))
-            .map_err(|e| fail(format!("socket options: {e}")))?;
+            .map_err(|e| (fail(format!("socket options: {e}")), false))?;
+        match tls {
+            None => {
+                let mut io = stream;
+                handshake_steps(&mut io, stream, key, hello, expect, source, who, &mut busy)
+                    .map(|r| (r, None))
+                    .map_err(|e| (e, busy))
+            }
+            Some((context, dialed)) => {
+                let mut conn = context.handshake(stream, dialed).map_err(|e| (fail(e), false))?;
+                let mut io = tls::TlsIo {
+                    conn: &mut conn,
+                    stream,
+                };
+                let rank = handshake_steps(&mut io, stream, key, hello, expect, source, who, &mut busy)
+                    .map_err(|e| (e, busy))?;
+                Ok((rank, Some(Arc::new(Mutex::new(conn)))))
+            }
+        }
+    }
+
+    /// Both directions of a connection during the handshake: the socket,
+    /// or a TLS session over it.
+    trait ReadWrite: Read + Write {}
+    impl<T: Read + Write> ReadWrite for T {}
+
+    #[allow(clippy::too_many_arguments)]
+    fn handshake_steps(
+        s: &mut dyn ReadWrite,
+        stream: &TcpStream,
+        key: &[u8],
+        hello: &Hello,
+        expect: ExpectRank,
+        source: Option<(SocketAddr, &[SocketAddr])>,
+        who: &str,
+        busy: &mut bool,
+    ) -> Result<usize, FabricError> {
+        let fail = |fault: String| FabricError::Handshake {
+            peer: who.to_string(),
+            fault,
+        };
         let mut hs = Handshake::new(key, hello.clone(), expect);
-        let mut s = stream;
+        if let Some((from, addresses)) = source {
+            hs.check_source(from.ip(), addresses);
+        }
         let io_fault = |what: &str, e: io::Error| {
-            if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+            if e.kind() == io::ErrorKind::InvalidData && e.to_string().starts_with("TLS") {
+                // TLS 1.3: a client learns that its certificate was refused
+                // only at its first read after the handshake.
+                format!(
+                    "TLS handshake failed: {e} (are both members' certificates signed by the same group CA, tls_ca?)"
+                )
+            } else if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
                 format!(
                     "no {what} within {} s (is it a Spindle member?)",
                     HANDSHAKE_TIMEOUT.as_secs()
@@ -899,11 +1280,13 @@ mod connect {
             Ok(proof) => {
                 let _ = s.write_all(&proof);
                 match expect {
-                    ExpectRank::Above(_) => format!("member {} ({who})", hs.peer_rank().expect("hello accepted")),
+                    ExpectRank::Above(_) | ExpectRank::AboveFree { .. } => {
+                        format!("member {} ({who})", hs.peer_rank().expect("hello accepted"))
+                    }
                     ExpectRank::Exactly(_) => who.to_string(),
                 }
             }
-            Err((refusal, e)) => return Err(refuse(stream, &refusal, fail(e.to_string()))),
+            Err((refusal, e)) => return Err(refuse(s, stream, &refusal, fail(e.to_string()))),
         };
         let fail = |fault: String| FabricError::Handshake {
             peer: who.clone(),
@@ -917,21 +1300,32 @@ mod connect {
                 let _ = s.write_all(&accept);
             }
             Err((refusal, e @ HandshakeError::Refused { .. })) => {
-                return Err(refuse(stream, &refusal, fail(e.to_string())))
+                return Err(refuse(s, stream, &refusal, fail(e.to_string())))
             }
-            Err((_, e)) => return Err(fail(e.to_string())),
+            Err((_, e)) => {
+                *busy = e == HandshakeError::RefusedByPeer(handshake::Reason::Busy);
+                return Err(fail(e.to_string()));
+            }
         }
         // Step 3: verdicts.
         s.read_exact(&mut reply).map_err(|e| fail(io_fault("verdict", e)))?;
-        hs.on_verdict(&reply).map_err(|e| fail(e.to_string()))?;
+        hs.on_verdict(&reply).map_err(|e| {
+            *busy = e == HandshakeError::RefusedByPeer(handshake::Reason::Busy);
+            fail(e.to_string())
+        })?;
         Ok(hs.peer_rank().expect("handshake complete"))
     }
 
     /// Send a refusal, then let the peer read it before the socket closes
     /// (closing with unread bytes would reset the connection first).
-    fn refuse(stream: &TcpStream, refusal: &[u8; REPLY_BYTES], error: FabricError) -> FabricError {
-        let mut s = stream;
+    fn refuse(
+        s: &mut dyn ReadWrite,
+        stream: &TcpStream,
+        refusal: &[u8; REPLY_BYTES],
+        error: FabricError,
+    ) -> FabricError {
         let _ = s.write_all(refusal);
+        let _ = s.flush();
         let _ = stream.shutdown(Shutdown::Write);
         let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
         let mut sink = [0u8; 256];
@@ -948,7 +1342,7 @@ mod connect {
     /// Data-phase socket options: no Nagle delay, blocking writes bounded
     /// by the peer timeout, and keepalive/user timeout so a silent peer is
     /// noticed within about `peer_timeout`.
-    fn tune(stream: &TcpStream, peer_timeout: Duration) -> io::Result<()> {
+    pub(super) fn tune(stream: &TcpStream, peer_timeout: Duration) -> io::Result<()> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(Some(peer_timeout))?;

@@ -26,8 +26,11 @@ pub const RECV_BUFFER_BYTES: usize = 256 << 10;
 /// Reads from one peer per wake-up before the others get their turn.
 const READS_PER_PEER_MAX: usize = 8;
 /// How long the receive thread naps while a progress thread is parked on
-/// the sockets (it receives then).
+/// the sockets or drives the fabric (it receives then): also how soon the
+/// receive thread takes over when the loop stops driving.
 const RECV_NAP_US: u64 = 500;
+/// Longest single park (the caller's timeout is capped to it).
+const PARK_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 /// How often a blocked `poll` looks at the stop flag.
 const POLL_TIMEOUT_MS: i32 = 50;
 
@@ -39,10 +42,17 @@ pub struct PeerReader {
     carry: [u8; FrameDecoder::CARRY_MAX],
     carry_len: usize,
     open: bool,
+    /// The connection's TLS session (frames arrive inside it).
+    tls: Option<super::tls::TlsReader>,
 }
 
 impl PeerReader {
-    pub fn new(rank: usize, stream: std::net::TcpStream, row_len_bytes: usize) -> PeerReader {
+    pub fn new(
+        rank: usize,
+        stream: std::net::TcpStream,
+        row_len_bytes: usize,
+        tls: Option<super::tls::Session>,
+    ) -> PeerReader {
         PeerReader {
             rank,
             stream,
@@ -50,72 +60,109 @@ impl PeerReader {
             carry: [0; FrameDecoder::CARRY_MAX],
             carry_len: 0,
             open: true,
+            tls: tls.map(super::tls::TlsReader::new),
+        }
+    }
+
+    /// Bytes of the frame stream into `buf`, without blocking.
+    fn receive(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let fd = self.stream.as_raw_fd();
+        match &mut self.tls {
+            None => recv_nonblocking(fd, buf),
+            Some(t) => t.read(buf, |b| recv_nonblocking(fd, b)),
         }
     }
 }
 
-/// The receive state: every peer's reader and the read buffer. Whoever
+/// The receive state: every peer's reader (by rank; `None` for this
+/// member and for peers never connected) and the read buffer. Whoever
 /// holds its lock receives: the receive thread, or a progress thread
-/// parked on the fabric's doorbell (see [`park`]).
+/// parked on the fabric's doorbell (see [`park`]). The link thread takes
+/// it to install a (re)connected peer's reader ([`Rx::install`]).
 pub struct Rx {
-    pub readers: Vec<PeerReader>,
+    pub readers: Vec<Option<PeerReader>>,
     buf: Box<[u8]>,
 }
 
 impl Rx {
-    pub fn new(readers: Vec<PeerReader>) -> Rx {
+    pub fn new(readers: Vec<Option<PeerReader>>) -> Rx {
         Rx {
             readers,
             buf: vec![0u8; RECV_BUFFER_BYTES].into_boxed_slice(),
         }
     }
 
-    /// Read and apply what the peers `ready` says sent. Returns whether
-    /// anything changed.
+    /// Read and apply what the peers `ready` (by rank) says sent. Returns
+    /// whether anything changed.
     fn drain(&mut self, inner: &Inner, ready: impl Fn(usize) -> bool) -> bool {
         let mut changed = false;
-        for i in 0..self.readers.len() {
-            if self.readers[i].open && ready(i) {
-                changed |= read_peer(inner, &mut self.readers[i], &mut self.buf);
+        for rank in 0..self.readers.len() {
+            if let Some(reader) = &mut self.readers[rank] {
+                if reader.open && ready(rank) {
+                    changed |= read_peer(inner, reader, &mut self.buf);
+                }
             }
         }
         changed
     }
+
+    /// A peer (re)connected: zero the local copy of its row (a new
+    /// incarnation starts from zeros), then make `reader` its reader and
+    /// its socket pollable. The caller holds the `rx` lock, so no frame of
+    /// the old or the new connection is applied meanwhile; the old reader
+    /// (closed, or a `LEAVE` seen) is dropped, closing its socket.
+    pub fn install(&mut self, inner: &Inner, reader: PeerReader) {
+        let rank = reader.rank;
+        zero_row(inner, rank);
+        let fd = reader.stream.as_raw_fd();
+        self.readers[rank] = Some(reader);
+        inner.rx_fds[rank].store(fd, Ordering::Relaxed);
+        // Partner: the Acquire loads of open_mask before polling (which
+        // then see the fd stored above).
+        inner.open_mask.fetch_or(1u64 << rank, Ordering::Release);
+    }
 }
 
-/// Fill `fds` with the open peers' sockets (index = reader index).
+/// Fill `fds` with the open peers' sockets; `order[k]` is the rank of
+/// `fds[k]`.
 fn open_fds(inner: &Inner, fds: &mut Vec<libc::pollfd>, order: &mut Vec<usize>) {
     fds.clear();
     order.clear();
     let open = inner.open_mask.load(Ordering::Acquire);
-    for (i, fd) in inner.rx_fds.iter().enumerate() {
-        if open & (1 << i) != 0 {
+    for (rank, fd) in inner.rx_fds.iter().enumerate() {
+        if open & (1 << rank) != 0 {
             fds.push(libc::pollfd {
-                fd: *fd,
+                fd: fd.load(Ordering::Relaxed),
                 events: libc::POLLIN,
                 revents: 0,
             });
-            order.push(i);
+            order.push(rank);
         }
     }
 }
 
-/// The receive loop; returns when `inner.stop` is set or no peer is left.
+/// The receive loop; returns when `inner.stop` is set. With no peer
+/// connected it naps (a peer may connect later, see the link thread).
 pub fn run(inner: Arc<Inner>) {
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(inner.rx_fds.len());
     let mut order: Vec<usize> = Vec::with_capacity(inner.rx_fds.len());
+    let mut parks_seen = inner.parks.load(Ordering::Relaxed);
     while !inner.stop.load(Ordering::Acquire) {
-        if inner.sleepers.load(Ordering::SeqCst) > 0 {
+        let parks = inner.parks.load(Ordering::Relaxed);
+        if inner.sleepers.load(Ordering::SeqCst) > 0 || parks != parks_seen {
             // A progress thread is parked in `park`, polling the same
-            // sockets: it receives, and this thread stays out of its way
-            // (one wake-up per arrival, not two, on a machine with few
-            // cores). Nobody unparks us: we look again after a short nap.
+            // sockets, or parked since our last look (it will again): it
+            // receives, and this thread stays out of its way (one wake-up
+            // per arrival, not two, on a machine with few cores). Nobody
+            // unparks us: we look again after a short nap.
+            parks_seen = parks;
             std::thread::park_timeout(std::time::Duration::from_micros(RECV_NAP_US));
             continue;
         }
         open_fds(&inner, &mut fds, &mut order);
         if fds.is_empty() {
-            return;
+            std::thread::park_timeout(std::time::Duration::from_millis(POLL_TIMEOUT_MS as u64));
+            continue;
         }
         // SAFETY: `fds` is a valid array of initialized pollfd of the given
         // length, alive across the call; the kernel writes only `revents`.
@@ -125,8 +172,8 @@ pub fn run(inner: Arc<Inner>) {
         }
         let applied = {
             let mut rx = inner.rx.lock().unwrap_or_else(|p| p.into_inner());
-            rx.drain(&inner, |i| {
-                fds.iter().zip(&order).any(|(f, o)| *o == i && f.revents != 0)
+            rx.drain(&inner, |rank| {
+                fds.iter().zip(&order).any(|(f, o)| *o == rank && f.revents != 0)
             })
         };
         if applied {
@@ -151,17 +198,24 @@ pub fn park(inner: &Inner, timeout: std::time::Duration) {
     fds[0].fd = inner.wake_fd;
     let open = inner.open_mask.load(Ordering::Acquire);
     let mut n = 1;
-    for (i, fd) in inner.rx_fds.iter().enumerate() {
-        if open & (1 << i) != 0 {
-            fds[n].fd = *fd;
-            order[n - 1] = i;
+    for (rank, fd) in inner.rx_fds.iter().enumerate() {
+        if open & (1 << rank) != 0 {
+            fds[n].fd = fd.load(Ordering::Relaxed);
+            order[n - 1] = rank;
             n += 1;
         }
     }
-    let timeout_ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // `ppoll`: the timeout to the nanosecond (a rate-limited sender parks
+    // until its next send time, often well under a millisecond).
+    let timeout = timeout.min(PARK_MAX);
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
     // SAFETY: the first `n` entries of `fds` are initialized pollfd, alive
-    // across the call; the kernel writes only `revents`.
-    let rc = unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, timeout_ms) };
+    // across the call; the kernel writes only `revents`; `ts` is a valid
+    // timespec read for the call; a null sigmask leaves the mask as it is.
+    let rc = unsafe { libc::ppoll(fds.as_mut_ptr(), n as libc::nfds_t, &ts, std::ptr::null()) };
     if rc <= 0 {
         return;
     }
@@ -180,6 +234,53 @@ pub fn park(inner: &Inner, timeout: std::time::Duration) {
     }
 }
 
+/// Receive on the calling (progress) thread without blocking: one `poll`
+/// with a zero timeout over the open sockets, then read and apply what is
+/// there. Skipped when another thread holds the receive state. Returns
+/// whether anything changed. Called before a park, so that the caller's
+/// re-check sees what has arrived and does not park at all.
+pub fn try_receive(inner: &Inner) -> bool {
+    let mut fds = [libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    }; crate::MEMBERS_MAX];
+    let mut order = [0usize; crate::MEMBERS_MAX];
+    let open = inner.open_mask.load(Ordering::Acquire);
+    if open == 0 {
+        return false;
+    }
+    let mut n = 0;
+    for (rank, fd) in inner.rx_fds.iter().enumerate() {
+        if open & (1 << rank) != 0 {
+            fds[n].fd = fd.load(Ordering::Relaxed);
+            order[n] = rank;
+            n += 1;
+        }
+    }
+    // SAFETY: the first `n` entries of `fds` are initialized pollfd, alive
+    // across the call; the kernel writes only `revents`.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, 0) };
+    if rc <= 0 {
+        return false;
+    }
+    let Ok(mut rx) = inner.rx.try_lock() else {
+        return false;
+    };
+    let ready = |rank: usize| (0..n).any(|k| order[k] == rank && fds[k].revents != 0);
+    let changed = rx.drain(inner, ready);
+    drop(rx);
+    if changed {
+        // Partner: loads by this very thread; the fence orders the applied
+        // words before whatever the caller reads next.
+        fence(Ordering::Acquire);
+        // Other threads parked on this fabric may wait for what we took
+        // off their sockets.
+        inner.wake_local();
+    }
+    changed
+}
+
 fn drain_eventfd(fd: RawFd) {
     let mut value = 0u64;
     // SAFETY: reads 8 bytes into a local u64 from a non-blocking eventfd.
@@ -193,7 +294,7 @@ fn read_peer(inner: &Inner, peer: &mut PeerReader, buf: &mut [u8]) -> bool {
     for _ in 0..READS_PER_PEER_MAX {
         let carried = peer.carry_len;
         buf[..carried].copy_from_slice(&peer.carry[..carried]);
-        let n = match recv_nonblocking(peer.stream.as_raw_fd(), &mut buf[carried..]) {
+        let n = match peer.receive(&mut buf[carried..]) {
             Ok(0) => {
                 let why = if inner.status(peer.rank) == PeerStatus::Left {
                     None
@@ -255,14 +356,26 @@ fn read_peer(inner: &Inner, peer: &mut PeerReader, buf: &mut [u8]) -> bool {
 
 fn close(inner: &Inner, peer: &mut PeerReader, status: PeerStatus, why: Option<String>) {
     peer.open = false;
-    if let Some(i) = inner.rx_fds.iter().position(|fd| *fd == peer.stream.as_raw_fd()) {
-        // Partner: the Acquire loads of open_mask before polling.
-        inner.open_mask.fetch_and(!(1u64 << i), Ordering::Release);
-    }
+    // Partner: the Acquire loads of open_mask before polling.
+    inner.open_mask.fetch_and(!(1u64 << peer.rank), Ordering::Release);
     let _ = peer.stream.shutdown(std::net::Shutdown::Both);
     if inner.status(peer.rank) != PeerStatus::Left || status == PeerStatus::Fault {
         inner.set_status(peer.rank, status, why);
     }
+}
+
+/// Zero `rank`'s row copy with atomic word stores (rows are cache-line
+/// multiples), then a `Release` fence: a reader that sees a word of the
+/// new incarnation's first push sees the zeros before it.
+fn zero_row(inner: &Inner, rank: usize) {
+    let row = inner.row_ptr(rank);
+    for at in (0..inner.row_len_bytes).step_by(8) {
+        // SAFETY: `at` is 8-aligned inside the row copy (64-aligned base,
+        // length a multiple of 64); every access to row memory is atomic.
+        unsafe { (*(row.add(at) as *const AtomicU64)).store(0, Ordering::Relaxed) };
+    }
+    // Partner: the Acquire loads of guards by readers of this row copy.
+    fence(Ordering::Release);
 }
 
 /// Write `bytes` at `offset` of `rank`'s row copy with atomic stores.

@@ -1,0 +1,250 @@
+//! The link thread: after `open`, it makes the connections that are still
+//! missing (peers that [`super::TcpOptions::wait_for`] left out) or were
+//! lost (a peer that crashed, left or sent a bad frame, then came back as
+//! a new process with the same rank).
+//!
+//! ## Who dials whom
+//!
+//! One rule, at `open` and after: **the higher rank dials the lower one**;
+//! the lower one accepts. So every pair of members has exactly one dialer
+//! and two members never connect to each other twice.
+//!
+//! - At `open`, member `r` dials the lower ranks it waits for and accepts
+//!   the higher ones (see `connect`).
+//! - After `open`, this thread, once per member:
+//!   - keeps accepting on the listening socket (non-blocking, polled with
+//!     a short timeout) from any higher rank whose connection is not
+//!     [`PeerStatus::Connected`] (a higher rank still connected is
+//!     refused as *busy*, and its dialer tries again);
+//!   - dials every lower rank that is not connected, with a backoff of
+//!     [`REDIAL_MIN`] doubling to [`REDIAL_MAX`] per rank.
+//!
+//! So a member that starts late, or restarts with a lost member's rank,
+//! dials the lower ranks itself and is dialed by the higher ones within
+//! [`REDIAL_MAX`] of listening. Each connection runs the full handshake
+//! (group key, group name, layout tag, source address).
+//!
+//! ## Installing a connection
+//!
+//! Before any frame of a (re)connected peer is applied, the local copy of
+//! its row is zeroed (a new incarnation starts from zeros, as the
+//! [`crate::Fabric::row`] contract says); then its reader and writer are
+//! installed and it is marked Connected, so [`crate::Fabric::joined`] and
+//! pushes include it. Nothing pushed before that reaches it: the rows of
+//! the members already running reach it only as they push again (the
+//! layer above re-pushes what a joiner needs).
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::connect::{handshake_io, tune};
+use super::handshake::{ExpectRank, Hello};
+use super::tls::{Session, TlsContext};
+use super::{recv, FabricError, Inner, PeerStatus, TcpOptions};
+use std::sync::Arc;
+
+/// First wait before dialing a lost lower rank again.
+pub const REDIAL_MIN: Duration = Duration::from_millis(20);
+/// Longest wait between two dials of a missing lower rank.
+pub const REDIAL_MAX: Duration = Duration::from_millis(500);
+/// One dial attempt's connect timeout (short: the thread also accepts).
+const DIAL_TIMEOUT: Duration = Duration::from_millis(300);
+/// How long one `poll` of the listener waits at most (the stop flag is
+/// looked at between polls).
+const POLL_MS_MAX: i32 = 50;
+/// Connections accepted per wake-up, at most.
+const ACCEPTS_PER_PASS_MAX: usize = 8;
+
+/// What the link thread owns.
+pub struct Link {
+    rank: usize,
+    addresses: Vec<SocketAddr>,
+    key: Vec<u8>,
+    check_source_addr: bool,
+    peer_timeout: Duration,
+    row_len_bytes: usize,
+    listener: TcpListener,
+    hello: Hello,
+    tls: Option<Arc<TlsContext>>,
+    /// By lower rank: when to dial next, and the current backoff.
+    next_dial: Vec<(Instant, Duration)>,
+}
+
+impl Link {
+    pub fn new(
+        options: &TcpOptions,
+        rank: usize,
+        listener: TcpListener,
+        hello: Hello,
+        tls: Option<Arc<TlsContext>>,
+    ) -> Result<Link, FabricError> {
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| FabricError::io(format!("member {rank}: listener"), e))?;
+        let now = Instant::now();
+        Ok(Link {
+            rank,
+            addresses: options.addresses.clone(),
+            key: options.key.clone(),
+            check_source_addr: options.check_source_addr,
+            peer_timeout: options.peer_timeout,
+            row_len_bytes: hello.row_len_bytes as usize,
+            listener,
+            hello,
+            tls,
+            next_dial: (0..rank).map(|_| (now, REDIAL_MIN)).collect(),
+        })
+    }
+
+    /// The loop; returns when `inner.link_stop` is set.
+    pub fn run(mut self, inner: &Inner) {
+        // Partner: the Release store of `link_stop` in TcpFabric::drop.
+        while !inner.link_stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            let mut wait = Duration::from_millis(POLL_MS_MAX as u64);
+            for peer in 0..self.rank {
+                if inner.status(peer) == PeerStatus::Connected {
+                    self.next_dial[peer] = (now, REDIAL_MIN);
+                    continue;
+                }
+                let (at, backoff) = self.next_dial[peer];
+                if now >= at {
+                    let ok = self.dial(inner, peer);
+                    let backoff = if ok { REDIAL_MIN } else { (backoff * 2).min(REDIAL_MAX) };
+                    self.next_dial[peer] = (Instant::now() + backoff, backoff);
+                }
+                wait = wait.min(self.next_dial[peer].0.saturating_duration_since(Instant::now()));
+            }
+            if self.poll_listener(wait) {
+                self.accept(inner);
+            }
+        }
+    }
+
+    /// Wait up to `wait` for a connection on the listener.
+    fn poll_listener(&self, wait: Duration) -> bool {
+        let mut fd = libc::pollfd {
+            fd: self.listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = wait.as_millis().clamp(1, POLL_MS_MAX as u128) as i32;
+        // SAFETY: one initialized pollfd, alive across the call; the kernel
+        // writes only `revents`.
+        let rc = unsafe { libc::poll(&mut fd, 1, ms) };
+        rc > 0 && fd.revents != 0
+    }
+
+    /// Accept what is waiting (bounded), handshake, install.
+    fn accept(&self, inner: &Inner) {
+        for _ in 0..ACCEPTS_PER_PASS_MAX {
+            let (stream, from) = match self.listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    note(inner, format!("member {}: accept: {e}", self.rank));
+                    return;
+                }
+            };
+            if let Err(e) = stream.set_nonblocking(false) {
+                note(inner, format!("accepted socket from {from}: {e}"));
+                continue;
+            }
+            let busy = (0..inner.status.len())
+                .filter(|r| *r != self.rank && inner.status(*r) == PeerStatus::Connected)
+                .fold(0u64, |m, r| m | 1u64 << r);
+            let source = self.check_source_addr.then_some((from, self.addresses.as_slice()));
+            let expect = ExpectRank::AboveFree {
+                rank: self.rank as u32,
+                busy,
+            };
+            match handshake_io(
+                &stream,
+                &self.key,
+                &self.hello,
+                expect,
+                source,
+                self.tls.as_deref().map(|t| (t, None)),
+                &format!("connecting from {from}"),
+            ) {
+                Ok((peer, session)) => self.install(inner, peer, stream, session),
+                Err((e, _)) => note(inner, e.to_string()),
+            }
+        }
+    }
+
+    /// One attempt to connect to lower rank `peer`; whether it connected.
+    fn dial(&self, inner: &Inner, peer: usize) -> bool {
+        let addr = self.addresses[peer];
+        let stream = match TcpStream::connect_timeout(&addr, DIAL_TIMEOUT) {
+            Ok(s) => s,
+            Err(e) => {
+                note(inner, format!("dial member {peer} at {addr}: {e}"));
+                return false;
+            }
+        };
+        match handshake_io(
+            &stream,
+            &self.key,
+            &self.hello,
+            ExpectRank::Exactly(peer as u32),
+            None,
+            self.tls.as_deref().map(|t| (t, Some(addr.ip()))),
+            &format!("member {peer} at {addr}"),
+        ) {
+            Ok((_, session)) => {
+                self.install(inner, peer, stream, session);
+                true
+            }
+            Err((e, _)) => {
+                note(inner, e.to_string());
+                false
+            }
+        }
+    }
+
+    /// Make `stream` the connection to `peer`: zero its row copy, install
+    /// reader and writer, mark it Connected, wake local loops.
+    fn install(&self, inner: &Inner, peer: usize, stream: TcpStream, session: Option<Session>) {
+        let read_half = match tune(&stream, self.peer_timeout).and_then(|_| stream.try_clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                note(inner, format!("set up the connection of member {peer}: {e}"));
+                return;
+            }
+        };
+        // The writer first: pushes skip the peer until it is Connected
+        // (below), and a push that failed on the old stream marked it Gone
+        // under this lock before we get it.
+        if let Some(writer) = &inner.writers[peer] {
+            let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+            w.stream = Some(stream);
+            w.tls = session.clone();
+            w.pending_len = 0;
+        }
+        {
+            let mut rx = inner.rx.lock().unwrap_or_else(|p| p.into_inner());
+            rx.install(
+                inner,
+                recv::PeerReader::new(peer, read_half, self.row_len_bytes, session),
+            );
+            *inner.why[peer].lock().unwrap_or_else(|p| p.into_inner()) = None;
+            // Under the rx lock: a close of the new connection by the
+            // receive thread comes after this, never before.
+            // Partner: the Acquire load in Inner::status.
+            inner.status[peer].store(PeerStatus::Connected as u8, Ordering::Release);
+        }
+        inner.mirror_status(peer, PeerStatus::Connected);
+        inner.wake_local();
+    }
+}
+
+/// Remember the link thread's last failure (diagnostics only: a missing
+/// peer shows in `joined`, a lost one in `lost_peers`).
+fn note(inner: &Inner, what: String) {
+    *inner.link_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(what);
+}

@@ -1,0 +1,150 @@
+//! A fabric-level round trip on loopback, for profiling (ignored by
+//! default; it prints figures and asserts no timing):
+//!
+//! ```sh
+//! cargo test --release -p spindle-fabric --test tcp_latency -- --ignored --nocapture
+//! ```
+//!
+//! Member 0 stores a counter and pushes it; member 1 waits for it (spin,
+//! then park on the doorbell, like the group layer's `park` idle
+//! strategy) and pushes it back; member 0 waits the same way. The same
+//! two wake-ups and two sends as a raw TCP ping-pong, measured next to
+//! one in the same run, so the difference is the fabric's own cost.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use spindle_fabric::tcp::{TcpFabric, TcpOptions};
+use spindle_fabric::{Fabric, PeerSet};
+
+const ROUNDS: u64 = 20_000;
+const WARMUP: u64 = 2_000;
+/// Passes before parking (`SPINDLE_TEST_SPINS` overrides).
+fn spins_max() -> u32 {
+    std::env::var("SPINDLE_TEST_SPINS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50)
+}
+const STALL_MAX: Duration = Duration::from_secs(30);
+
+/// Wait until word 0 of `rank`'s row reaches `want`: spin, then park.
+fn wait_for(f: &TcpFabric, rank: usize, want: u64, flush_each_pass: bool) {
+    let started = Instant::now();
+    let mut spins = 0;
+    let spins_max = spins_max();
+    loop {
+        if f.row(rank).u64_at(0).load(Ordering::Acquire) >= want {
+            return;
+        }
+        assert!(started.elapsed() < STALL_MAX, "stalled at {want}");
+        if flush_each_pass {
+            f.flush();
+        }
+        spins += 1;
+        if spins < spins_max {
+            std::hint::spin_loop();
+            continue;
+        }
+        let bell = f.doorbell();
+        let t = bell.prepare_park();
+        if f.row(rank).u64_at(0).load(Ordering::Acquire) >= want {
+            bell.cancel_park();
+        } else {
+            bell.park(t, Duration::from_millis(1));
+        }
+    }
+}
+
+fn percentile(v: &mut [u64], p: f64) -> u64 {
+    v.sort_unstable();
+    v[((v.len() - 1) as f64 * p) as usize]
+}
+
+fn fabric_round_trips(coalesce: bool) -> Vec<u64> {
+    let ls: Vec<TcpListener> = (0..2)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    let addrs = ls.iter().map(|l| l.local_addr().expect("addr")).collect();
+    let mut o = TcpOptions::new("tcp-latency", 4096, 1, addrs, b"latency key".to_vec());
+    o.coalesce = coalesce;
+    o.flush_on_ring = false;
+    let mut ls = ls.into_iter();
+    let (l0, l1) = (ls.next().expect("l0"), ls.next().expect("l1"));
+    let (f0, f1) = std::thread::scope(|s| {
+        let t0 = s.spawn(|| TcpFabric::open_with_listener(&o, 0, l0));
+        let t1 = s.spawn(|| TcpFabric::open_with_listener(&o, 1, l1));
+        (t0.join().unwrap().expect("open 0"), t1.join().unwrap().expect("open 1"))
+    });
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 1..=ROUNDS + WARMUP {
+                wait_for(&f1, 0, i, coalesce);
+                f1.row(1).u64_at(0).store(i, Ordering::Release);
+                f1.push(0..8, PeerSet(1)).expect("push");
+                if coalesce {
+                    f1.flush();
+                }
+            }
+        });
+        let mut rtts = Vec::with_capacity(ROUNDS as usize);
+        for i in 1..=ROUNDS + WARMUP {
+            let t = Instant::now();
+            f0.row(0).u64_at(0).store(i, Ordering::Release);
+            f0.push(0..8, PeerSet(2)).expect("push");
+            if coalesce {
+                f0.flush();
+            }
+            wait_for(&f0, 1, i, coalesce);
+            if i > WARMUP {
+                rtts.push(t.elapsed().as_nanos() as u64);
+            }
+        }
+        rtts
+    })
+}
+
+fn raw_round_trips() -> Vec<u64> {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let (mut c, _) = l.accept().expect("accept");
+            c.set_nodelay(true).expect("nodelay");
+            let mut b = [0u8; 32];
+            for _ in 0..ROUNDS + WARMUP {
+                c.read_exact(&mut b).expect("read");
+                c.write_all(&b).expect("write");
+            }
+        });
+        let mut c = TcpStream::connect(addr).expect("connect");
+        c.set_nodelay(true).expect("nodelay");
+        let mut b = [7u8; 32];
+        let mut rtts = Vec::with_capacity(ROUNDS as usize);
+        for i in 0..ROUNDS + WARMUP {
+            let t = Instant::now();
+            c.write_all(&b).expect("write");
+            c.read_exact(&mut b).expect("read");
+            if i >= WARMUP {
+                rtts.push(t.elapsed().as_nanos() as u64);
+            }
+        }
+        rtts
+    })
+}
+
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn fabric_round_trip_next_to_a_raw_tcp_ping_pong() {
+    for (name, mut v) in [
+        ("raw TCP ping-pong (threads)", raw_round_trips()),
+        ("tcp fabric, push per send", fabric_round_trips(false)),
+        ("tcp fabric, coalesced + flush per pass", fabric_round_trips(true)),
+    ] {
+        let p50 = percentile(&mut v, 0.5);
+        let p99 = percentile(&mut v, 0.99);
+        println!("{name:45} p50 {p50:>7} ns  p99 {p99:>8} ns  ({} rounds)", v.len());
+    }
+}

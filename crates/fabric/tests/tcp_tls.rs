@@ -1,0 +1,168 @@
+//! The tcp fabric inside TLS: members whose certificates come from the
+//! group's CA (made here, in the test) connect, run the group-key
+//! handshake inside TLS and exchange rows, also for a member that joins
+//! late; a member with a certificate from another CA is refused on both
+//! sides with an error naming the TLS fault. Loopback only; bounded waits;
+//! every fabric is closed at the end of its test.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+use spindle_fabric::tcp::tls::TlsConfig;
+use spindle_fabric::tcp::{TcpFabric, TcpOptions};
+use spindle_fabric::{Fabric, FabricError, PeerSet};
+
+const ROW: usize = 4096;
+const STALL_MAX: Duration = Duration::from_secs(20);
+
+/// A self-signed CA.
+struct Ca {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let key = KeyPair::generate().expect("CA key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let cert = params.self_signed(&key).expect("self-sign the CA");
+        Ca { cert, key }
+    }
+
+    /// A member certificate for 127.0.0.1 signed by this CA, with this
+    /// CA as the trust root.
+    fn member(&self, trust: &Ca) -> TlsConfig {
+        let key = KeyPair::generate().expect("member key");
+        let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("member params");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &self.cert, &self.key).expect("sign");
+        TlsConfig {
+            cert_chain_pem: cert.pem().into_bytes(),
+            key_pem: key.serialize_pem().into_bytes(),
+            ca_pem: trust.cert.pem().into_bytes(),
+        }
+    }
+}
+
+fn listeners(n: usize) -> (Vec<Option<TcpListener>>, Vec<SocketAddr>) {
+    let ls: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
+        .collect();
+    let addrs = ls.iter().map(|l| l.local_addr().expect("addr")).collect();
+    (ls.into_iter().map(Some).collect(), addrs)
+}
+
+fn options(group: &str, addrs: &[SocketAddr], tls: TlsConfig) -> TcpOptions {
+    let mut o = TcpOptions::new(group, ROW, 7, addrs.to_vec(), b"tls group key".to_vec());
+    o.join_timeout = Duration::from_secs(5);
+    o.tls = Some(tls);
+    o
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ok() {
+        assert!(started.elapsed() < STALL_MAX, "stalled waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn publish(f: &TcpFabric, word: usize, value: u64) {
+    f.row(f.member_rank()).u64_at(word * 8).store(value, Ordering::Release);
+    f.push(
+        word * 8..word * 8 + 8,
+        PeerSet::all_except(f.member_rank(), f.member_count()),
+    )
+    .expect("push");
+}
+
+fn sees(f: &TcpFabric, rank: usize, word: usize, value: u64) -> bool {
+    f.row(rank).u64_at(word * 8).load(Ordering::Acquire) == value
+}
+
+#[test]
+fn members_with_certificates_of_the_group_ca_connect_and_exchange_rows_over_tls() {
+    let ca = Ca::new("spindle test group CA");
+    let (mut ls, addrs) = listeners(3);
+    let opts: Vec<TcpOptions> = (0..3)
+        .map(|r| {
+            let mut o = options("tls-group", &addrs, ca.member(&ca));
+            if r < 2 {
+                o.wait_for = Some(PeerSet(0b011));
+            }
+            o
+        })
+        .collect();
+    let (l0, l1) = (ls[0].take().expect("l0"), ls[1].take().expect("l1"));
+    let (f0, f1) = std::thread::scope(|s| {
+        let t0 = s.spawn(|| TcpFabric::open_with_listener(&opts[0], 0, l0));
+        let t1 = s.spawn(|| TcpFabric::open_with_listener(&opts[1], 1, l1));
+        (
+            t0.join().expect("thread").expect("open 0"),
+            t1.join().expect("thread").expect("open 1"),
+        )
+    });
+    // Many pushes, small and large (one push spans several TLS records).
+    for i in 1..=200u64 {
+        publish(&f0, (i % 16) as usize, i);
+    }
+    let big: Vec<u64> = (0..(ROW / 8) as u64).map(|w| w * 3 + 1).collect();
+    for (w, v) in big.iter().enumerate().skip(16) {
+        f1.row(1).u64_at(w * 8).store(*v, Ordering::Relaxed);
+    }
+    f1.push(128..ROW, PeerSet(0b001)).expect("push a large range");
+    publish(&f1, 0, 99);
+    wait_until("member 1 to see member 0's last push", || sees(&f1, 0, 200 % 16, 200));
+    wait_until("member 0 to see member 1's guard", || sees(&f0, 1, 0, 99));
+    for (w, v) in big.iter().enumerate().skip(16) {
+        assert_eq!(f0.row(1).u64_at(w * 8).load(Ordering::Relaxed), *v, "word {w}");
+    }
+    // A late member over TLS too (the link threads' handshakes).
+    let f2 = TcpFabric::open_with_listener(&opts[2], 2, ls[2].take().expect("l2")).expect("open 2");
+    wait_until("members 0 and 1 to see member 2", || {
+        f0.joined() == PeerSet(0b111) && f1.joined() == PeerSet(0b111)
+    });
+    publish(&f2, 3, 33);
+    wait_until("member 2's push over TLS", || {
+        sees(&f0, 2, 3, 33) && sees(&f1, 2, 3, 33)
+    });
+    assert!(f0.describe().starts_with("tcp:tls-group"));
+}
+
+#[test]
+fn a_member_with_a_certificate_from_another_ca_is_refused_with_a_clear_error() {
+    let ca = Ca::new("the group's CA");
+    let other = Ca::new("some other CA");
+    let (mut ls, addrs) = listeners(2);
+    let o0 = options("tls-refuse", &addrs, ca.member(&ca));
+    // Member 1's certificate is from another CA (it trusts the group CA).
+    let o1 = options("tls-refuse", &addrs, other.member(&ca));
+    let (l0, l1) = (ls[0].take().expect("l0"), ls[1].take().expect("l1"));
+    let (r0, r1): (Result<TcpFabric, FabricError>, Result<TcpFabric, FabricError>) = std::thread::scope(|s| {
+        let t0 = s.spawn(|| TcpFabric::open_with_listener(&o0, 0, l0));
+        let t1 = s.spawn(|| TcpFabric::open_with_listener(&o1, 1, l1));
+        (t0.join().expect("thread"), t1.join().expect("thread"))
+    });
+    let e0 = r0.err().expect("member 0 must refuse member 1").to_string();
+    let e1 = r1.err().expect("member 1 must be refused").to_string();
+    assert!(e0.contains("TLS handshake failed"), "member 0 said: {e0}");
+    assert!(e0.contains("certificate"), "member 0 said: {e0}");
+    assert!(e1.contains("TLS handshake failed"), "member 1 said: {e1}");
+}
+
+#[test]
+fn bad_tls_files_are_named() {
+    let ca = Ca::new("the group's CA");
+    let mut tls = ca.member(&ca);
+    tls.key_pem = b"not a key".to_vec();
+    let (mut ls, addrs) = listeners(1);
+    let e = TcpFabric::open_with_listener(&options("tls-bad", &addrs, tls), 0, ls[0].take().expect("l0"))
+        .err()
+        .expect("a bad key is refused")
+        .to_string();
+    assert!(e.contains("tls_key"), "{e}");
+}
