@@ -230,6 +230,8 @@ pub fn measure_with_tcp(
         listen: None,
         key_hex,
         peer_timeout_ms: 0,
+        membership: spindle_group::config::defaults::MEMBERSHIP,
+        suspect_timeout_ms: 0,
     };
     let total = args.count * ranks.len() as u64;
     let results = run_members(&spec, Duration::from_secs(args.timeout_s), None);
@@ -325,16 +327,24 @@ pub fn run_members(
     let config = spec.group_config()?;
     let layout = SmcLayout::new(&config);
     // Without a progress display the coordinator stays off the cores the
-    // members spin on. A failed member: the others see "member N is gone"
-    // and stop within the grace period.
+    // members spin on. A failed member fails the run: the others (which
+    // would go on in a new view) are stopped after the grace period, and
+    // the files that killed members cannot remove are removed here.
     let grace = Duration::from_millis(500);
-    match progress {
+    let waited = match progress {
         Some(report) => {
             let mut tick = || report(delivered_so_far(&spec.group, &layout));
-            procs.wait(timeout, grace, Duration::from_millis(20), &mut tick)?
+            procs.wait(timeout, grace, Duration::from_millis(20), &mut tick)
         }
-        None => procs.wait(timeout, grace, Duration::from_millis(100), &mut || {})?,
+        None => procs.wait(timeout, grace, Duration::from_millis(100), &mut || {}),
+    };
+    if waited.is_err() {
+        let _ = std::fs::remove_file(format!("/dev/shm/spindle-{}", spec.group));
+        for rank in 0..spec.members {
+            let _ = std::fs::remove_file(format!("/dev/shm/spindle@tcp-{}@{rank}", spec.group));
+        }
     }
+    waited?;
     read_results(spec.members, |rank| MemberSpec::result_path(&spec.result_dir, rank))
 }
 

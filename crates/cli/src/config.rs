@@ -26,7 +26,7 @@ use spindle_group::{DeliveryMode, SenderSet};
 
 /// Keys of the `[group]` table, with their defaults (as TOML text; `None`:
 /// required or optional without a default).
-pub const GROUP_KEYS: [(&str, Option<&str>); 15] = [
+pub const GROUP_KEYS: [(&str, Option<&str>); 17] = [
     ("name", None),
     ("transport", Some("\"tcp\"")),
     ("mode", Some("\"ordered\"")),
@@ -42,6 +42,8 @@ pub const GROUP_KEYS: [(&str, Option<&str>); 15] = [
     ("tls_cert", None),
     ("tls_key", None),
     ("tls_ca", None),
+    ("membership", Some("true")),
+    ("suspect_timeout_ms", Some("500")),
 ];
 const MEMBER_KEYS: [&str; 3] = ["id", "address", "listen"];
 /// Key files shorter than this are refused (a guessable key protects nothing).
@@ -50,6 +52,7 @@ const KEY_BYTES_MAX: usize = 4096;
 
 const _: () = assert!(defaults::WINDOW_SLOTS == 1024 && defaults::SLOT_PAYLOAD_MAX == 10_240);
 const _: () = assert!(defaults::JOIN_TIMEOUT_MS == 10_000);
+const _: () = assert!(defaults::MEMBERSHIP && defaults::SUSPECT_TIMEOUT_MS == 500);
 
 /// One member's entry.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,6 +93,10 @@ pub struct GroupFile {
     /// tcp: TLS with these PEM files (certificate chain, private key, group
     /// CA), all three or none.
     pub tls: Option<TlsFiles>,
+    /// Membership changes (view changes) on, or a static group.
+    pub membership: bool,
+    /// A member whose heartbeat stalls this long is suspected.
+    pub suspect_timeout_ms: u64,
     /// By id: `members[i].id == i`.
     pub members: Vec<MemberEntry>,
 }
@@ -167,6 +174,11 @@ impl GroupFile {
                 ))
             }
         };
+        let membership = match get("membership") {
+            Some(toml::Value::Boolean(b)) => b,
+            other => return Err(format!("group.membership = {}: expected true or false", show(&other))),
+        };
+        let suspect_timeout_ms = integer(&get("suspect_timeout_ms"), "group.suspect_timeout_ms")? as u64;
         let tls_paths = [
             string(&get("tls_cert"), "group.tls_cert")?,
             string(&get("tls_key"), "group.tls_key")?,
@@ -224,6 +236,8 @@ impl GroupFile {
             batching,
             check_source_addr,
             tls,
+            membership,
+            suspect_timeout_ms,
             members,
         };
         file.group_config()
@@ -241,12 +255,15 @@ impl GroupFile {
         c.batching = self.batching;
         c.idle = crate::member::parse_idle(&self.idle)?;
         c.join_timeout = std::time::Duration::from_millis(self.join_timeout_ms);
+        c.membership = self.membership;
+        c.suspect_timeout = std::time::Duration::from_millis(self.suspect_timeout_ms);
         c.validate().map_err(|e| {
             let text = e.to_string();
             // Name the file's keys, not the API's fields.
             text.replace("window_slots =", "group.window_slots =")
                 .replace("slot_payload_max =", "group.slot_payload_max =")
                 .replace("senders:", "group.senders:")
+                .replace("suspect_timeout =", "group.suspect_timeout_ms =")
         })?;
         Ok(c)
     }

@@ -77,6 +77,8 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         listen: None,
         key_hex: String::new(),
         peer_timeout_ms: 0,
+        membership: spindle_group::config::defaults::MEMBERSHIP,
+        suspect_timeout_ms: 0,
     };
     let total = args.count * args.members as u64;
     println!(

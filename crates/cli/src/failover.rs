@@ -19,6 +19,7 @@ use crate::view_member::{events_path, state_path};
 /// One group of `spindle view-member` processes.
 pub struct ViewRun {
     pub dir: PathBuf,
+    group: String,
     ranks: usize,
     common: Vec<String>,
     children: Vec<Option<Child>>,
@@ -68,6 +69,7 @@ impl ViewRun {
         }
         let mut run = ViewRun {
             dir: dir.to_path_buf(),
+            group: group.clone(),
             ranks,
             common,
             children: (0..ranks).map(|_| None).collect(),
@@ -252,6 +254,11 @@ impl Drop for ViewRun {
         for child in self.children.iter_mut().flatten() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        // What killed members could not remove.
+        let _ = std::fs::remove_file(format!("/dev/shm/spindle-{}", self.group));
+        for rank in 0..self.ranks {
+            let _ = std::fs::remove_file(format!("/dev/shm/spindle@tcp-{}@{rank}", self.group));
         }
     }
 }

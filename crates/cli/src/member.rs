@@ -67,6 +67,16 @@ pub struct MemberSpec {
     /// tcp: a peer silent for this long is gone (0: the fabric's default).
     #[serde(default)]
     pub peer_timeout_ms: u64,
+    /// Membership changes on (the default) or a static group.
+    #[serde(default = "membership_default")]
+    pub membership: bool,
+    /// Heartbeat suspicion timeout (0: the group layer's default).
+    #[serde(default)]
+    pub suspect_timeout_ms: u64,
+}
+
+fn membership_default() -> bool {
+    spindle_group::config::defaults::MEMBERSHIP
 }
 
 impl MemberSpec {
@@ -79,6 +89,10 @@ impl MemberSpec {
         config.batching = self.batching;
         config.idle = parse_idle(&self.idle)?;
         config.join_timeout = Duration::from_millis(self.join_timeout_ms);
+        config.membership = self.membership;
+        if self.suspect_timeout_ms > 0 {
+            config.suspect_timeout = Duration::from_millis(self.suspect_timeout_ms);
+        }
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
     }
@@ -335,7 +349,9 @@ fn drive<F: Fabric>(
         let work = group.poll(&mut deliver).map_err(|e| e.to_string())?;
         if group.core().view() != current_view {
             current_view = group.core().view();
-            *pending_view.borrow_mut() = Some((current_view, group.core().members().to_vec()));
+            let members = group.core().members().to_vec();
+            eprintln!("member {rank}: view {current_view} installed: members {members:?}");
+            *pending_view.borrow_mut() = Some((current_view, members));
         }
         flush(group.core().fabric());
         if wait_ns > 0 && work == 0 {

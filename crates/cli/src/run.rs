@@ -95,6 +95,8 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         listen: file.members[rank].listen.clone(),
         key_hex,
         peer_timeout_ms: file.peer_timeout_ms,
+        membership: file.membership,
+        suspect_timeout_ms: file.suspect_timeout_ms,
     };
     println!(
         "spindle run: member {rank} of group '{}' ({} members over {}, {} delivery), {} × {} B per sender",

@@ -253,12 +253,13 @@ struct LayoutShape {
     mode: DeliveryMode,
     window_slots: usize,
     slot_payload_max: usize,
+    snapshot_bytes_max: usize,
     row_len_bytes: usize,
     tag: u64,
 }
 
 /// Parse `smc members=… senders=… mode=… window_slots=… slot_payload_max=…
-/// row_len_bytes=… tag=0x…` (the summary of [`SmcLayout`]'s row).
+/// snapshot_bytes_max=… row_len_bytes=… tag=0x…` (the summary of [`SmcLayout`]'s row).
 fn parse_layout(description: &str) -> Result<LayoutShape, String> {
     let mut words = description.split_whitespace();
     if words.next() != Some("smc") {
@@ -285,6 +286,7 @@ fn parse_layout(description: &str) -> Result<LayoutShape, String> {
         mode: DeliveryMode::parse(get("mode")?)?,
         window_slots: number("window_slots")?,
         slot_payload_max: number("slot_payload_max")?,
+        snapshot_bytes_max: number("snapshot_bytes_max")?,
         row_len_bytes: number("row_len_bytes")?,
         tag,
     })
@@ -330,6 +332,7 @@ fn recover_layout_from(
     config.mode = shape.mode;
     config.window_slots = shape.window_slots;
     config.slot_payload_max = shape.slot_payload_max;
+    config.snapshot_bytes_max = shape.snapshot_bytes_max;
     // Bounds the sizes before the layout builder multiplies them.
     config.validate().map_err(|e| e.to_string())?;
     let layout = SmcLayout::new(&config);
@@ -914,6 +917,7 @@ mod tests {
                 mode: DeliveryMode::Unordered,
                 window_slots: 64,
                 slot_payload_max: 100,
+                snapshot_bytes_max: spindle_group::config::defaults::SNAPSHOT_BYTES_MAX,
                 row_len_bytes: layout.row.row_len_bytes(),
                 tag: layout.row.tag(),
             }

@@ -24,7 +24,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use spindle_fabric::tcp::{TcpFabric, TcpOptions};
-use spindle_fabric::Fabric;
+use spindle_fabric::{Fabric, PeerSet};
 use spindle_group::delivery_log::DeliveryLog;
 use spindle_group::layout::SmcLayout;
 use spindle_group::{
@@ -236,6 +236,14 @@ fn open_tcp(args: &ViewMemberArgs, config: &GroupConfig) -> Result<TcpFabric, St
         args.group.as_bytes().to_vec(),
     );
     options.join_timeout = Duration::from_millis(args.join_timeout_ms);
+    // Wait at open only for the first view's other members; a joiner waits
+    // for nobody (it is admitted once the group hears it: late joins are
+    // accepted by the fabric's link thread).
+    options.wait_for = Some(if args.join {
+        PeerSet::default()
+    } else {
+        PeerSet(config.initial_ranks().iter().fold(0u64, |m, r| m | 1 << r) & !(1u64 << args.rank))
+    });
     TcpFabric::open(&options, args.rank).map_err(|e| e.to_string())
 }
 

@@ -196,12 +196,13 @@ impl SmcLayout {
         let senders = config.senders.ranks(config.members).len();
         let stride = slot_stride(config.slot_payload_max);
         let mut b = LayoutBuilder::new(&format!(
-            "smc members={} senders={} mode={} window_slots={} slot_payload_max={}",
+            "smc members={} senders={} mode={} window_slots={} slot_payload_max={} snapshot_bytes_max={}",
             config.members,
             senders,
             config.mode.as_str(),
             config.window_slots,
-            config.slot_payload_max
+            config.slot_payload_max,
+            config.snapshot_bytes_max
         ));
         let received_frontier = b.u64("received_frontier");
         let delivered_num = b.u64("delivered_num");

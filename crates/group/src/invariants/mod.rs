@@ -493,7 +493,14 @@ mod tests {
         assert_eq!(views[&0].iter().map(|v| v.view).collect::<Vec<_>>(), vec![0, 1]);
         assert_eq!(read_logs(&dir).unwrap(), logs);
         assert_eq!(read_lines(&dir).unwrap()[&0].len(), 3);
-        std::fs::write(dir.join("member-1.jsonl"), r#"{"member":0,"view":0,"members":[0,1]}"#).unwrap();
+        std::fs::write(
+            dir.join("member-1.jsonl"),
+            concat!(r#"{"member":0,"view":0,"members":[0,1]}"#, "\n"),
+        )
+        .unwrap();
+        // A torn last line (a member killed while writing) is dropped.
+        std::fs::write(dir.join("member-2.jsonl"), r#"{"member":2,"view":0,"mem"#).unwrap();
+        assert!(read_lines(&dir.join("none")).unwrap_err().contains("read"));
         assert!(read_all(&dir).unwrap_err().contains("in the log of member 1"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
