@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the rt benchmarks of issue 6 and record them in bench/results/.
 # Usage: scripts/rt-bench.sh [path/to/spindle]   (default: target/release/spindle)
+# Across network namespaces (tcp fabric): scripts/rt-netns.sh (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPINDLE=${1:-target/release/spindle}
@@ -10,6 +11,21 @@ run() { # name, args...
   echo "== spindle rt $*" | tee "$R/$name.txt"
   "$SPINDLE" rt "$@" --json "$R/$name.json" --plot "$R/$name.svg" 2>&1 | tee -a "$R/$name.txt"
 }
+run_noplot() { # name, args... (commands without a plot)
+  local name=$1; shift
+  echo "== spindle rt $*" | tee "$R/$name.txt"
+  "$SPINDLE" rt "$@" --json "$R/$name.json" 2>&1 | tee -a "$R/$name.txt"
+}
+# Release jitter of the dispatcher alone, by spin window, with and
+# without SCHED_FIFO (and with mlockall + pinning).
+run_noplot rt-jitter-fifo jitter --samples 5000 --spin-us 0,20,50,100,200
+run_noplot rt-jitter-fifo-mlock-pin jitter --samples 5000 --spin-us 50,100 --mlock --pin 1
+run_noplot rt-jitter-nofifo jitter --samples 5000 --spin-us 0,100 --no-fifo
+# Wake-ups as far apart as the ring's releases (6.5 ms): the spin window
+# must cover the wake-up latency after such sleeps.
+run_noplot rt-jitter-fifo-period6500 jitter --period-us 6500 --samples 1500 --spin-us 100,300,1000,2000
+# The ring with a 2 ms spin window (release jitter p99 ≤ 10 µs here).
+run rt-ring-4B-d6500-spin2000 ring --deadline-us 6500 --size 4 --spin-us 2000
 # The ring with deadlines admission accepts against this VM's measured
 # multi-millisecond stalls, 4 B and 1 KB.
 run rt-ring-4B-d6500 ring --deadline-us 6500 --size 4

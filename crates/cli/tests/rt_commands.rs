@@ -104,6 +104,21 @@ fn bad_input_names_the_bad_value() {
         (vec!["rt", "compare", "--period-us", "100"], "--period-us 100"),
         (vec!["rt", "clock", "--jumps", "0:10:5"], "node 0"),
         (vec!["rt", "clock", "--drift-ppm", "0,900"], "900"),
+        (vec!["rt", "ring", "--transport", "udp"], "'udp'"),
+        (vec!["rt", "clock", "--netns", "a,b,c"], "--transport tcp"),
+        (
+            vec![
+                "rt",
+                "clock",
+                "--transport",
+                "tcp",
+                "--addresses",
+                "127.0.0.1:1,nowhere,127.0.0.1:3",
+            ],
+            "'nowhere'",
+        ),
+        (vec!["rt", "jitter", "--samples", "1"], "--samples 1"),
+        (vec!["rt", "jitter", "--spin-us", "900"], "--spin-us 900"),
     ] {
         let out = run(spindle().args(&args));
         assert!(!out.status.success(), "{args:?} should fail");
@@ -112,4 +127,56 @@ fn bad_input_names_the_bad_value() {
         assert!(!t.contains("panicked"), "{args:?} panicked: {t}");
         assert!(!t.contains("spawn"), "{args:?} got as far as spawning members: {t}");
     }
+}
+
+#[test]
+fn jitter_measures_each_spin_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jitter.json");
+    let out = run(spindle()
+        .args([
+            "rt",
+            "jitter",
+            "--samples",
+            "50",
+            "--spin-us",
+            "0,50",
+            "--no-fifo",
+            "--json",
+        ])
+        .arg(&path));
+    assert!(out.status.success(), "jitter failed: {}", text(&out));
+    let v = json(&path);
+    assert_eq!(v["fifo_granted"], false, "{v}");
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v}");
+    for r in rows {
+        assert_summary(r, "late_ns");
+        assert!(r["p999_ns"].is_u64() && r["over_10us"].is_u64(), "{r}");
+    }
+}
+
+#[test]
+fn ring_runs_over_tcp_on_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ring-tcp.json");
+    let out = run(spindle()
+        .args([
+            "rt",
+            "ring",
+            "--transport",
+            "tcp",
+            "--periods",
+            "10",
+            "--period-us",
+            "20000",
+        ])
+        .args(["--no-fifo", "--jitter-samples", "10", "--declared-jitter-us", "0"])
+        .args(["--deadline-us", "1500", "--clock-budget-us", "500", "--json"])
+        .arg(&path));
+    assert!(out.status.success(), "ring over tcp failed: {}", text(&out));
+    let v = json(&path);
+    assert_eq!(v["transport"], "tcp", "{v}");
+    assert!(v["missed"].is_u64() && v["late"].is_u64(), "{v}");
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 3);
 }

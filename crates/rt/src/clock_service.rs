@@ -43,6 +43,13 @@ pub struct ClockServiceConfig {
     /// on a loaded host an exchange otherwise waits for the master's
     /// thread to be scheduled, and the bound grows with that wait.
     pub fifo_priority: Option<i32>,
+    /// Ring the fabric's doorbell after each request, to wake a master
+    /// parked on it (shm: one futex for every process). Off on tcp: there a
+    /// frame itself wakes a parked master (it polls the sockets), and a
+    /// ring tells this process's receive thread that a progress loop
+    /// receives for it, so it naps and delays everything else that arrives
+    /// (the replies, the channels' slots) by up to its nap.
+    pub ring_doorbell: bool,
 }
 
 impl Default for ClockServiceConfig {
@@ -54,6 +61,7 @@ impl Default for ClockServiceConfig {
             exchange_timeout_ns: 20_000_000,
             estimator: ClockConfig::default(),
             fifo_priority: None,
+            ring_doorbell: true,
         }
     }
 }
@@ -323,7 +331,6 @@ fn serve<F: Fabric>(fabric: &F, layout: &RtLayout, clock: &GlobalClock, stop: &A
         yields: 0,
         park: Duration::from_micros(200),
     });
-    let reply_range = layout.clock_reply_seq.offset(0)..layout.clock_reply_t3.offset(members - 1) + 8;
     while !stop.load(Ordering::Relaxed) {
         let mut work = 0;
         for (c, served_c) in served.iter_mut().enumerate().take(members).skip(1) {
@@ -339,10 +346,17 @@ fn serve<F: Fabric>(fabric: &F, layout: &RtLayout, clock: &GlobalClock, stop: &A
             me.u64_at(layout.clock_reply_t2.offset(c)).store(t2, Ordering::Relaxed);
             let t3 = clock.local_ns();
             me.u64_at(layout.clock_reply_t3.offset(c)).store(t3, Ordering::Relaxed);
+            // The stamps first, then the seq that guards them, as separate
+            // pushes: a fabric that copies rows (tcp) applies a push in
+            // address order, and the seq column lies before the stamps.
+            let (t2_at, t3_at) = (layout.clock_reply_t2.offset(c), layout.clock_reply_t3.offset(c));
+            let _ = fabric.push(t2_at..t2_at + 8, PeerSet(1 << c));
+            let _ = fabric.push(t3_at..t3_at + 8, PeerSet(1 << c));
             // Partner: the client's Acquire load of its reply seq in `exchange`.
             me.u64_at(layout.clock_reply_seq.offset(c))
                 .store(request, Ordering::Release);
-            let _ = fabric.push(reply_range.clone(), PeerSet(1 << c));
+            let seq_at = layout.clock_reply_seq.offset(c);
+            let _ = fabric.push(seq_at..seq_at + 8, PeerSet(1 << c));
             *served_c = request;
             work += 1;
         }
@@ -391,7 +405,7 @@ fn sync_loop<F: Fabric>(
         }
         for _ in 0..config.exchanges_per_round {
             seq += 1;
-            if let Some(ex) = exchange(fabric, layout, clock, seq, config.exchange_timeout_ns, stop) {
+            if let Some(ex) = exchange(fabric, layout, clock, seq, &config, stop) {
                 est.handle_exchange(ex);
             }
         }
@@ -445,9 +459,10 @@ fn exchange<F: Fabric>(
     layout: &RtLayout,
     clock: &GlobalClock,
     seq: u64,
-    timeout_ns: u64,
+    config: &ClockServiceConfig,
     stop: &AtomicBool,
 ) -> Option<Exchange> {
+    let timeout_ns = config.exchange_timeout_ns;
     let me = fabric.member_rank();
     let row = fabric.row(me);
     let master = fabric.row(MASTER_RANK);
@@ -457,7 +472,9 @@ fn exchange<F: Fabric>(
     // Partner: the master's Acquire load of requests in `serve`.
     row.u64_at(offset).store(seq, Ordering::Release);
     fabric.push(offset..offset + 8, PeerSet(1 << MASTER_RANK)).ok()?;
-    fabric.doorbell().ring();
+    if config.ring_doorbell {
+        fabric.doorbell().ring();
+    }
     let started = monotonic_ns();
     let mut spins = 0u32;
     // Partner: the master's Release store of the reply seq in `serve`.

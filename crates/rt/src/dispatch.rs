@@ -151,6 +151,23 @@ impl DispatchCore {
         }
     }
 
+    /// A job [`Poll::Run`] returned that the runtime did not run after all:
+    /// the watchdog had already reported it missed (it claimed the job at
+    /// its critical start time, a moment before the dispatcher did).
+    /// Counted as missed early, like a [`Poll::Miss`].
+    pub fn handle_dropped(&mut self, _job: Job) {
+        self.counters.missed_early += 1;
+        assert!(
+            self.counters.completed + self.counters.missed_early <= self.counters.released,
+            "drops_never_exceed_releases"
+        );
+    }
+
+    /// How many periods task `index` runs.
+    pub fn periods_max(&self, index: usize) -> u64 {
+        self.entries[index].periods_max
+    }
+
     /// A job returned at `finished_ns`; returns whether it overran its deadline.
     pub fn handle_completion(&mut self, job: Job, finished_ns: u64) -> bool {
         self.counters.completed += 1;

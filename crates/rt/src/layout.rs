@@ -7,6 +7,9 @@
 //!         commit_proposed_start_ns, commit_fingerprint, commit_clock_bound_ns,
 //!         commit_reason_len
 //!  +64    commit_reason      bytes[192]       the rejection, as text
+//!         commit_activate    u64  phase 2: generation × 4 + (1 activate | 2 abort),
+//!                                 stored Release after the abort reason
+//!         commit_abort_reason_len u64, commit_abort_reason bytes[192]
 //!         clock_request_seq  u64              client → master: "stamp me"
 //!         clock_generation   u64              steps of this node's clock
 //!         clock_reply_seq    [u64; members]   master → client c (guard)
@@ -31,7 +34,7 @@ pub const MESSAGE_HEADER_BYTES: usize = 16;
 pub const CHANNEL_SLOTS: usize = 2;
 
 /// Counter ids (positions in the `counters` column).
-pub const COUNTER_NAMES: [&str; 10] = [
+pub const COUNTER_NAMES: [&str; 11] = [
     "released",
     "completed",
     "missed_early",
@@ -42,6 +45,7 @@ pub const COUNTER_NAMES: [&str; 10] = [
     "receive_overflow",
     "clock_rounds",
     "clock_over_budget",
+    "watchdog_misses",
 ];
 pub const RELEASED: usize = 0;
 pub const COMPLETED: usize = 1;
@@ -53,6 +57,8 @@ pub const MESSAGES_TORN: usize = 6;
 pub const RECEIVE_OVERFLOW: usize = 7;
 pub const CLOCK_ROUNDS: usize = 8;
 pub const CLOCK_OVER_BUDGET: usize = 9;
+/// Jobs the watchdog found not started at their critical start time.
+pub const WATCHDOG_MISSES: usize = 10;
 
 const _: () = assert!(SLOT_HEADER_BYTES.is_multiple_of(8) && MESSAGE_HEADER_BYTES.is_multiple_of(8));
 
@@ -100,6 +106,9 @@ pub struct RtLayout {
     pub commit_clock_bound_ns: U64Column,
     pub commit_reason_len: U64Column,
     pub commit_reason: BytesColumn,
+    pub commit_activate: U64Column,
+    pub commit_abort_reason_len: U64Column,
+    pub commit_abort_reason: BytesColumn,
     pub clock_request_seq: U64Column,
     pub clock_generation: U64Column,
     pub clock_reply_seq: U64VectorColumn,
@@ -120,6 +129,10 @@ impl RtLayout {
         let commit_clock_bound_ns = b.u64("commit_clock_bound_ns");
         let commit_reason_len = b.u64("commit_reason_len");
         let commit_reason = b.bytes("commit_reason", REASON_BYTES_MAX);
+        b.cache_line_break();
+        let commit_activate = b.u64("commit_activate");
+        let commit_abort_reason_len = b.u64("commit_abort_reason_len");
+        let commit_abort_reason = b.bytes("commit_abort_reason", REASON_BYTES_MAX);
         b.cache_line_break();
         let clock_request_seq = b.u64("clock_request_seq");
         let clock_generation = b.u64("clock_generation");
@@ -159,6 +172,9 @@ impl RtLayout {
             commit_clock_bound_ns,
             commit_reason_len,
             commit_reason,
+            commit_activate,
+            commit_abort_reason_len,
+            commit_abort_reason,
             clock_request_seq,
             clock_generation,
             clock_reply_seq,

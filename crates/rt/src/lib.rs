@@ -11,6 +11,8 @@
 //! - [`qos`]: time QoS, tasks, schedules;
 //! - [`admission`]: per-node EDF demand test with shortened deadlines;
 //! - [`dispatch`]: which job runs next, early deadline-miss detection;
+//! - [`watchdog`]: the job claims that let a second thread report, at its
+//!   critical start time, a job a stalled dispatcher has not started;
 //! - [`clock`]: clock-sync estimator (min-RTT filter, offset and drift,
 //!   error bound) and injectable clocks;
 //! - [`buffers`]: registered buffers with FIFO, LIFO and sorted iterators.
@@ -35,8 +37,10 @@
 //! ```
 //!
 //! Thin runtime: [`os`] (SCHED_FIFO, timer slack, hybrid sleep-then-spin),
-//! [`clock_service`] (exchanges over a fabric), [`node`] (channels over a
-//! fabric, commit, dispatcher thread, uncommit, best-effort channels).
+//! [`clock_service`] (exchanges over a fabric), [`node`] (channels over
+//! any [`spindle_fabric::Fabric`], shm or tcp: the two-phase collective
+//! commit, the dispatcher and its watchdog, uncommit, best-effort
+//! channels), [`scenario`] (the measurements of `spindle rt`).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod admission;
@@ -49,6 +53,7 @@ pub mod node;
 pub mod os;
 pub mod qos;
 pub mod scenario;
+pub mod watchdog;
 
 pub use admission::{admit_node, Admitted, Margins, RejectReason, Rejection};
 pub use buffers::{BufferPool, IteratorPolicy};

@@ -5,14 +5,15 @@
 //!
 //! ```text
 //!   declare channels ─▶ RtNode::new ─▶ register_computation … ─▶ commit ─▶ run ─▶ uncommit
-//!                                         (collective: verdicts in rows, epoch_start = max of proposals)
+//!      commit, phase 1 (prepare): admission on every node; verdicts, proposals in rows
+//!      commit, phase 2 (activate): epoch_start = max of proposals; every node votes; one abort aborts all
 //! ```
 //!
 //! Activation is part of the commit agreement (the thesis's Chapter VI
 //! gray areas): every channel task starts at `epoch_start + k·T + O` on
 //! every node, with no separate `activate` call that could be made in the
 //! middle of a period, and `epoch_start` is known before it arrives so
-//! computation tasks are scheduled against it.
+//! computation tasks are scheduled against it. See [`RtNode::commit`].
 //!
 //! Data path (zero-sided): the send task takes up to
 //! `messages_per_period_max` buffers from the sender's input pool (its
@@ -24,7 +25,7 @@
 //! receiver's output pool. The application only fills and drains pools,
 //! from its computation tasks run by the same dispatcher.
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +39,7 @@ use crate::dispatch::{DispatchCore, Job, Poll};
 use crate::layout::{self, ChannelArea, RtLayout, MESSAGE_HEADER_BYTES, REASON_BYTES_MAX, SLOT_HEADER_BYTES};
 use crate::os::sleep_until_hybrid;
 use crate::qos::{TaskKind, TaskSpec, TimeQos};
+use crate::watchdog::{self, Timetable, WatchdogConfig, WatchdogShared};
 
 /// Most channels one node declares.
 pub const CHANNELS_MAX: usize = 64;
@@ -159,8 +161,9 @@ pub enum CommitError {
     PeerStopped { node: usize },
     #[error("timed out after {waited_ms} ms waiting for the commit verdicts of nodes {missing:?}")]
     Timeout { missing: Vec<usize>, waited_ms: u64 },
-    #[error("the agreed epoch_start {epoch_start_ns} ns had already passed when node {node} learned it")]
-    EpochPassed { node: usize, epoch_start_ns: u64 },
+    /// Phase 2 (activation) failed on `node`: every node aborts, none is active.
+    #[error("commit aborted at activation by node {node}: {reason}")]
+    Aborted { node: usize, reason: String },
     #[error("already committed: uncommit first")]
     AlreadyCommitted,
     #[error("clock: {0}")]
@@ -191,6 +194,9 @@ pub struct MissReport {
     /// Global time it was detected, and the job's deadline.
     pub detected_ns: u64,
     pub deadline_ns: u64,
+    /// The last global time the job could have started and still met its
+    /// deadline (`deadline − compute`).
+    pub critical_start_ns: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +209,30 @@ pub enum MissKind {
     MessageMissing,
     /// A receive task found the slot overwritten while copying.
     MessageTorn,
+    /// Not started by its critical start time: the dispatcher was busy or
+    /// stalled. Reported by the watchdog at that time (before the deadline).
+    NotStarted,
+}
+
+/// What a run counted (the same figures a member reports).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunCounters {
+    pub released: u64,
+    pub completed: u64,
+    pub missed_early: u64,
+    /// Of `missed_early`: the jobs the watchdog reported (the dispatcher
+    /// had not started them at their critical start time).
+    #[serde(default)]
+    pub missed_by_watchdog: u64,
+    pub overruns: u64,
+    pub messages_moved: u64,
+    pub messages_missing: u64,
+    pub messages_torn: u64,
+    pub receive_overflow: u64,
+    /// Jobs run while the clock's bound exceeded the budget (or it was unsynced).
+    pub clock_over_budget: u64,
+    /// Largest clock bound seen at a job start.
+    pub clock_bound_ns_max: u64,
 }
 
 /// What a run measured (preallocated at commit; no allocation during the run).
@@ -215,18 +245,7 @@ pub struct RunStats {
     /// Execution time of each channel send / receive job (host ns).
     pub send_exec_ns: Vec<u64>,
     pub receive_exec_ns: Vec<u64>,
-    pub released: u64,
-    pub completed: u64,
-    pub missed_early: u64,
-    pub overruns: u64,
-    pub messages_moved: u64,
-    pub messages_missing: u64,
-    pub messages_torn: u64,
-    pub receive_overflow: u64,
-    /// Jobs run while the clock's bound exceeded the budget (or it was unsynced).
-    pub clock_over_budget: u64,
-    /// Largest clock bound seen at a job start.
-    pub clock_bound_ns_max: u64,
+    pub counters: RunCounters,
 }
 
 /// What a computation task sees.
@@ -299,6 +318,9 @@ struct Active {
     budget_ns: u64,
     refs: Vec<TaskRef>,
     stats: RunStats,
+    /// Which jobs were claimed (started by the dispatcher, or reported
+    /// missed by the watchdog), allocated at commit.
+    claims: Arc<WatchdogShared>,
 }
 
 /// One member's time-driven channels over fabric `F`.
@@ -310,6 +332,8 @@ pub struct RtNode<F: Fabric> {
     computations: Vec<(TaskSpec, Computation)>,
     generation: u64,
     active: Option<Active>,
+    activation_veto: Option<String>,
+    watchdog: Option<WatchdogConfig>,
 }
 
 impl<F: Fabric> RtNode<F> {
@@ -353,6 +377,8 @@ impl<F: Fabric> RtNode<F> {
             computations: Vec::new(),
             generation,
             active: None,
+            activation_veto: None,
+            watchdog: None,
         })
     }
 
@@ -459,8 +485,20 @@ impl<F: Fabric> RtNode<F> {
     }
 
     /// Collective commit: every member calls it with the same group-wide
-    /// parameters. Returns the agreed `epoch_start` (global ns, in the
-    /// future) or why the set was rejected (which node, which task, why).
+    /// parameters. Two phases, both collective:
+    ///
+    /// 1. **prepare** (admission): every node runs its admission test and
+    ///    publishes its verdict, its proposed `epoch_start` and a
+    ///    fingerprint of the channel set; every node gathers all of them.
+    ///    A rejection anywhere rejects everywhere ([`CommitError::Rejected`]
+    ///    names the node, the task and the reason), unless `force`.
+    /// 2. **activate**: the agreed `epoch_start` is the largest proposal.
+    ///    Every node prepares its dispatcher for it (the epoch must still
+    ///    be in the future, the schedule must build) and votes activate or
+    ///    abort; every node gathers every vote. One abort anywhere aborts
+    ///    everywhere ([`CommitError::Aborted`] names the node and why) and
+    ///    leaves every node uncommitted; otherwise every node is active
+    ///    from the same `epoch_start`.
     pub fn commit(&mut self, config: &CommitConfig) -> Result<Committed, CommitError> {
         if self.active.is_some() {
             return Err(CommitError::AlreadyCommitted);
@@ -484,6 +522,7 @@ impl<F: Fabric> RtNode<F> {
         };
         let fingerprint = self.fingerprint(config);
         self.generation += 1;
+        // Phase 1: prepare (admission everywhere).
         self.publish_verdict(
             reason.as_deref(),
             now.latest_ns + config.lead_ns,
@@ -496,27 +535,25 @@ impl<F: Fabric> RtNode<F> {
                 return Err(CommitError::Rejected { node, reason });
             }
         }
-        let latest = self
-            .clock
-            .now()
-            .map_err(|e| CommitError::Clock(e.to_string()))?
-            .latest_ns;
-        if epoch_start_ns <= latest {
-            return Err(CommitError::EpochPassed {
-                node: self.rank(),
-                epoch_start_ns,
-            });
+        // Phase 2: activate with the agreed epoch_start, or abort everywhere.
+        let prepared = self.prepare_activation(epoch_start_ns, &tasks, config);
+        let veto = self.activation_veto.take();
+        let vote = match (&prepared, veto) {
+            (_, Some(v)) => Some(v),
+            (Err(e), None) => Some(e.clone()),
+            (Ok(_), None) => None,
+        };
+        self.publish_activation(vote.as_deref())?;
+        let votes = self.gather_activation(config.timeout)?;
+        if let Some((node, reason)) = votes.iter().enumerate().find_map(|(n, v)| v.clone().map(|v| (n, v))) {
+            return Err(CommitError::Aborted { node, reason });
         }
+        let core = prepared.map_err(|reason| CommitError::Aborted {
+            node: self.rank(),
+            reason,
+        })?;
         // Measurement buffers, allocated now (none during the run), bounded.
         let jobs: u64 = (tasks.len() as u64).saturating_mul(config.periods).min(RUN_SAMPLES_MAX);
-        let core = DispatchCore::new(
-            epoch_start_ns,
-            tasks.iter().map(|t| (t.clone(), config.periods)).collect(),
-        )
-        .map_err(|e| CommitError::Rejected {
-            node: self.rank(),
-            reason: e.to_string(),
-        })?;
         let stats = RunStats {
             release_jitter_ns: Vec::with_capacity(jobs as usize),
             start_delay_ns: Vec::with_capacity(jobs as usize),
@@ -524,11 +561,13 @@ impl<F: Fabric> RtNode<F> {
             receive_exec_ns: Vec::with_capacity(jobs as usize),
             ..RunStats::default()
         };
+        let claims = (0..tasks.len()).map(|_| AtomicU64::new(0)).collect();
         self.active = Some(Active {
             core,
             budget_ns: config.clock_bound_budget_ns,
             refs,
             stats,
+            claims: Arc::new(WatchdogShared::new(claims)),
         });
         Ok(Committed {
             epoch_start_ns,
@@ -537,6 +576,34 @@ impl<F: Fabric> RtNode<F> {
             tasks,
             margins,
         })
+    }
+
+    /// Make this node vote *abort* in the activation phase of its next
+    /// commit, with `reason` (fault injection: tests and demos show that
+    /// one node's abort aborts the commit on every node).
+    pub fn veto_next_activation(&mut self, reason: &str) {
+        self.activation_veto = Some(reason.to_string());
+    }
+
+    /// This node's side of phase 2: the dispatcher for the agreed epoch.
+    fn prepare_activation(
+        &self,
+        epoch_start_ns: u64,
+        tasks: &[TaskSpec],
+        config: &CommitConfig,
+    ) -> Result<DispatchCore, String> {
+        let latest = self.clock.now().map_err(|e| format!("clock: {e}"))?.latest_ns;
+        if epoch_start_ns <= latest {
+            return Err(format!(
+                "the agreed epoch_start {epoch_start_ns} ns had already passed (global time up to {latest} ns) when node {} learned it",
+                self.rank()
+            ));
+        }
+        DispatchCore::new(
+            epoch_start_ns,
+            tasks.iter().map(|t| (t.clone(), config.periods)).collect(),
+        )
+        .map_err(|e| e.to_string())
     }
 
     fn publish_verdict(
@@ -548,19 +615,9 @@ impl<F: Fabric> RtNode<F> {
     ) -> Result<(), CommitError> {
         let l = &self.layout;
         let row = self.fabric.row(self.rank());
-        let text = reason.unwrap_or("").as_bytes();
-        let len = text.len().min(REASON_BYTES_MAX);
-        // SAFETY:
-        // - this is our own row and the reason bytes are only read by peers
-        //   after they Acquire-load a commit_generation that covers them;
-        // - the previous commit's readers are done: they read it before
-        //   returning from that commit, which every member did before any
-        //   member could start this one (we never start a commit while one
-        //   of our own is in flight).
-        let out = unsafe { row.bytes_mut(l.commit_reason.offset(), REASON_BYTES_MAX) };
-        out[..len].copy_from_slice(&text[..len]);
-        row.u64_at(l.commit_reason_len.offset())
-            .store(len as u64, Ordering::Relaxed);
+        // SAFETY: see `write_reason`: commit_reason is only read by peers
+        // after they Acquire-load a commit_generation that covers it.
+        unsafe { self.write_reason(l.commit_reason.offset(), l.commit_reason_len.offset(), reason) };
         // The verdict carries its generation, so a peer never mistakes an
         // earlier commit's verdict for this one's.
         let code = if reason.is_some() {
@@ -576,33 +633,64 @@ impl<F: Fabric> RtNode<F> {
             .store(fingerprint, Ordering::Relaxed);
         row.u64_at(l.commit_clock_bound_ns.offset())
             .store(bound_ns, Ordering::Relaxed);
-        // Partner: the Acquire load of commit_generation in `gather`.
-        row.u64_at(l.commit_generation.offset())
-            .store(self.generation, Ordering::Release);
-        let end = l.commit_reason.offset() + REASON_BYTES_MAX;
+        let peers = PeerSet::all_except(self.rank(), self.fabric.member_count());
+        let guard = l.commit_generation.offset();
+        // The fields first, then the guard, as separate pushes: a fabric
+        // that copies rows (tcp) applies one push in address order.
         self.fabric
-            .push(0..end, PeerSet::all_except(self.rank(), self.fabric.member_count()))
+            .push(guard + 8..l.commit_reason.offset() + REASON_BYTES_MAX, peers)
+            .map_err(|e| CommitError::Fabric(e.to_string()))?;
+        // Partner: the Acquire load of commit_generation in `gather`.
+        row.u64_at(guard).store(self.generation, Ordering::Release);
+        self.fabric
+            .push(guard..guard + 8, peers)
             .map_err(|e| CommitError::Fabric(e.to_string()))
     }
 
-    /// Wait for every member's verdict of this generation.
-    fn gather(&self, fingerprint: u64, timeout: Duration) -> Result<(Vec<Option<String>>, u64), CommitError> {
-        let l = &self.layout;
+    /// Write `reason` (or nothing) into our row's text column at `text_at`
+    /// and its length at `len_at`.
+    ///
+    /// # Safety
+    /// Only for our own row's reason columns, whose readers read them only
+    /// after Acquire-loading the guard (commit_generation or
+    /// commit_activate) of the commit they belong to; the previous
+    /// commit's readers are done: they read it before returning from that
+    /// commit, which every member did before any member could start this
+    /// one (we never start a commit while one of our own is in flight).
+    unsafe fn write_reason(&self, text_at: usize, len_at: usize, reason: Option<&str>) {
+        let row = self.fabric.row(self.rank());
+        let text = reason.unwrap_or("").as_bytes();
+        let len = text.len().min(REASON_BYTES_MAX);
+        // SAFETY: our own row, in bounds (the layout's column), and no
+        // reader is reading it now (the caller's contract above).
+        let out = unsafe { row.bytes_mut(text_at, REASON_BYTES_MAX) };
+        out[..len].copy_from_slice(&text[..len]);
+        row.u64_at(len_at).store(len as u64, Ordering::Relaxed);
+    }
+
+    /// Read member `r`'s reason text (after Acquire-loading its guard).
+    fn read_reason(&self, r: usize, text_at: usize, len_at: usize) -> String {
+        let row = self.fabric.row(r);
+        let len = (row.u64_at(len_at).load(Ordering::Relaxed) as usize).min(REASON_BYTES_MAX);
+        // SAFETY: published before the guard the caller Acquire-loaded; the
+        // owner does not rewrite it until every member has moved past this
+        // commit.
+        let text = unsafe { row.bytes(text_at, len) };
+        String::from_utf8_lossy(text).into_owned()
+    }
+
+    /// Wait until every member's u64 at `at` is at least `at_least`.
+    fn wait_all(&self, at: usize, at_least: u64, timeout: Duration) -> Result<(), CommitError> {
         let members = self.fabric.member_count();
         let started = monotonic_ns();
         loop {
-            // Partner: the Release store of commit_generation in `publish_verdict`.
+            // Partner: the Release store of the guard at `at` (commit_generation
+            // in `publish_verdict`, commit_activate in `publish_activation`).
             let missing: Vec<usize> = (0..members)
-                .filter(|&r| {
-                    self.fabric
-                        .row(r)
-                        .u64_at(l.commit_generation.offset())
-                        .load(Ordering::Acquire)
-                        < self.generation
-                })
+                .filter(|&r| self.fabric.row(r).u64_at(at).load(Ordering::Acquire) < at_least)
                 .collect();
             if missing.is_empty() {
-                break;
+                return Ok(());
             }
             if monotonic_ns() - started > timeout.as_nanos() as u64 {
                 return Err(CommitError::Timeout {
@@ -615,6 +703,13 @@ impl<F: Fabric> RtNode<F> {
                 .map_err(|e| CommitError::Fabric(e.to_string()))?;
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+
+    /// Wait for every member's verdict of this generation.
+    fn gather(&self, fingerprint: u64, timeout: Duration) -> Result<(Vec<Option<String>>, u64), CommitError> {
+        let l = &self.layout;
+        let members = self.fabric.member_count();
+        self.wait_all(l.commit_generation.offset(), self.generation, timeout)?;
         let mut verdicts = Vec::with_capacity(members);
         let mut epoch_start_ns = 0u64;
         for r in 0..members {
@@ -633,26 +728,128 @@ impl<F: Fabric> RtNode<F> {
             }
             epoch_start_ns =
                 epoch_start_ns.max(row.u64_at(l.commit_proposed_start_ns.offset()).load(Ordering::Relaxed));
-            if verdict % 4 == VERDICT_ACCEPT {
-                verdicts.push(None);
-                continue;
-            }
-            let len = (row.u64_at(l.commit_reason_len.offset()).load(Ordering::Relaxed) as usize).min(REASON_BYTES_MAX);
-            // SAFETY: published before commit_generation (Acquire-loaded
-            // above); the owner does not rewrite it until every member has
-            // moved past this commit.
-            let text = unsafe { row.bytes(l.commit_reason.offset(), len) };
-            verdicts.push(Some(String::from_utf8_lossy(text).into_owned()));
+            verdicts.push(
+                (verdict % 4 != VERDICT_ACCEPT)
+                    .then(|| self.read_reason(r, l.commit_reason.offset(), l.commit_reason_len.offset())),
+            );
         }
         Ok((verdicts, epoch_start_ns))
     }
 
+    /// Phase 2: publish this node's activation vote (`Some`: abort, why).
+    fn publish_activation(&self, abort: Option<&str>) -> Result<(), CommitError> {
+        let l = &self.layout;
+        let row = self.fabric.row(self.rank());
+        // SAFETY: see `write_reason`: commit_abort_reason is only read by
+        // peers after they Acquire-load a commit_activate that covers it.
+        unsafe {
+            self.write_reason(
+                l.commit_abort_reason.offset(),
+                l.commit_abort_reason_len.offset(),
+                abort,
+            )
+        };
+        let peers = PeerSet::all_except(self.rank(), self.fabric.member_count());
+        let at = l.commit_activate.offset();
+        self.fabric
+            .push(at + 8..l.commit_abort_reason.offset() + REASON_BYTES_MAX, peers)
+            .map_err(|e| CommitError::Fabric(e.to_string()))?;
+        let code = if abort.is_some() {
+            VERDICT_REJECT
+        } else {
+            VERDICT_ACCEPT
+        };
+        // Partner: the Acquire load of commit_activate in `wait_all`
+        // (called by `gather_activation`).
+        row.u64_at(at).store(self.generation * 4 + code, Ordering::Release);
+        self.fabric
+            .push(at..at + 8, peers)
+            .map_err(|e| CommitError::Fabric(e.to_string()))
+    }
+
+    /// Phase 2: every member's vote (`Some`: it aborted, why).
+    fn gather_activation(&self, timeout: Duration) -> Result<Vec<Option<String>>, CommitError> {
+        let l = &self.layout;
+        self.wait_all(l.commit_activate.offset(), self.generation * 4, timeout)?;
+        let members = self.fabric.member_count();
+        let mut votes = Vec::with_capacity(members);
+        for r in 0..members {
+            let vote = self
+                .fabric
+                .row(r)
+                .u64_at(l.commit_activate.offset())
+                .load(Ordering::Relaxed);
+            if vote / 4 != self.generation {
+                return Err(CommitError::PeerStopped { node: r });
+            }
+            votes.push(
+                (vote % 4 != VERDICT_ACCEPT)
+                    .then(|| self.read_reason(r, l.commit_abort_reason.offset(), l.commit_abort_reason_len.offset())),
+            );
+        }
+        Ok(votes)
+    }
+
+    /// Attach a watchdog to the following runs (see [`crate::watchdog`]):
+    /// a second thread that reports, at its critical start time, every job
+    /// the dispatcher has not started by then (the dispatcher stalled).
+    pub fn set_watchdog(&mut self, config: Option<WatchdogConfig>) {
+        self.watchdog = config;
+    }
+
     /// Run the dispatcher on the calling thread until every task has run
-    /// its periods. `on_miss` hears of every miss as it is detected.
+    /// its periods. `on_miss` hears of every miss the dispatcher detects
+    /// as it detects it; with a watchdog (see [`RtNode::set_watchdog`]),
+    /// a job the dispatcher had not started at its critical start time is
+    /// reported by the watchdog's callback instead, at that time, and
+    /// only once.
     pub fn run(&mut self, spin_ns: u64, on_miss: &mut dyn FnMut(&MissReport)) -> Result<RunStats, String> {
         let mut active = self.active.take().ok_or("run before commit")?;
+        let shared = active.claims.clone();
+        shared.set_stop(false);
+        let Some(config) = self.watchdog.clone() else {
+            let stats = self.dispatch(&mut active, spin_ns, on_miss, None);
+            self.active = Some(active);
+            return Ok(stats);
+        };
+        let timetable = Timetable {
+            epoch_start_ns: active.core.epoch_start_ns(),
+            tasks: (0..active.core.task_count())
+                .map(|i| (active.core.task(i).clone(), active.core.periods_max(i)))
+                .collect(),
+        };
+        let (fabric, clock) = (self.fabric.clone(), self.clock.clone());
+        let counter_at = self.layout.counters.offset(layout::WATCHDOG_MISSES);
+        let result = std::thread::scope(|s| {
+            let watched = shared.clone();
+            let handle = std::thread::Builder::new()
+                .name("rt-watchdog".into())
+                .spawn_scoped(s, move || {
+                    watchdog::run(&*fabric, counter_at, &clock, &timetable, &watched, &config)
+                })
+                .map_err(|e| format!("start the watchdog thread: {e}"))?;
+            let watchdog = handle.thread().clone();
+            // Stops the watchdog however the dispatcher returns (a panic
+            // in a computation task too), so the scope's join never waits
+            // for the rest of the timetable.
+            let _stop = StopOnDrop(&shared, &watchdog);
+            Ok(self.dispatch(&mut active, spin_ns, on_miss, Some(&watchdog)))
+        });
+        self.active = Some(active);
+        result
+    }
+
+    /// The dispatcher loop (see [`RtNode::run`]).
+    fn dispatch(
+        &mut self,
+        active: &mut Active,
+        spin_ns: u64,
+        on_miss: &mut dyn FnMut(&MissReport),
+        watchdog: Option<&std::thread::Thread>,
+    ) -> RunStats {
         let budget_ns = active.budget_ns;
         let rank = self.rank();
+        let claims = active.claims.clone();
         loop {
             let now = self.clock.now();
             let now_ns = match now {
@@ -661,17 +858,30 @@ impl<F: Fabric> RtNode<F> {
             };
             match active.core.poll(now_ns) {
                 Poll::Run(job) => {
+                    self.count(layout::RELEASED);
+                    if !claims.claim(job.task, job.period) {
+                        // The watchdog reported it at its critical start,
+                        // a moment before this poll: dropped, not reported twice.
+                        active.core.handle_dropped(job);
+                        self.count(layout::MISSED_EARLY);
+                        continue;
+                    }
                     let bound = now.map(|i| i.bound_ns()).unwrap_or(u64::MAX);
-                    active.stats.clock_bound_ns_max = active.stats.clock_bound_ns_max.max(bound.min(1 << 40));
+                    active.stats.counters.clock_bound_ns_max =
+                        active.stats.counters.clock_bound_ns_max.max(bound.min(1 << 40));
                     if bound > budget_ns {
-                        active.stats.clock_over_budget += 1;
+                        active.stats.counters.clock_over_budget += 1;
                         self.count(layout::CLOCK_OVER_BUDGET);
                     }
                     push_bounded(&mut active.stats.start_delay_ns, now_ns.saturating_sub(job.release_ns));
-                    self.count(layout::RELEASED);
                     let started_mono = monotonic_ns();
                     let task = active.refs[job.task];
                     let miss = self.execute(task, job, &mut active.stats);
+                    // Claimed: the watchdog plans past this job (after the
+                    // job, so that its wake-up never delays the start).
+                    if let Some(w) = watchdog {
+                        w.unpark();
+                    }
                     let exec_ns = monotonic_ns() - started_mono;
                     match task {
                         TaskRef::Send(_) => push_bounded(&mut active.stats.send_exec_ns, exec_ns),
@@ -691,7 +901,13 @@ impl<F: Fabric> RtNode<F> {
                 Poll::Miss(job) => {
                     self.count(layout::RELEASED);
                     self.count(layout::MISSED_EARLY);
-                    on_miss(&self.miss_report(&active.core, job, MissKind::Early));
+                    // Not reported again if the watchdog already did.
+                    if claims.claim(job.task, job.period) {
+                        if let Some(w) = watchdog {
+                            w.unpark();
+                        }
+                        on_miss(&self.miss_report(&active.core, job, MissKind::Early));
+                    }
                 }
                 Poll::Idle { wake_at_ns } => {
                     let target = self.clock.mono_for_global(wake_at_ns);
@@ -703,17 +919,17 @@ impl<F: Fabric> RtNode<F> {
         }
         let c = active.core.counters;
         let mut stats = std::mem::take(&mut active.stats);
-        stats.released = c.released;
-        stats.completed = c.completed;
-        stats.missed_early = c.missed_early;
-        stats.overruns = c.overruns;
+        stats.counters.released = c.released;
+        stats.counters.completed = c.completed;
+        stats.counters.missed_early = c.missed_early;
+        stats.counters.overruns = c.overruns;
+        stats.counters.missed_by_watchdog = claims.misses.load(Ordering::Relaxed);
         debug_assert_eq!(
             c.released,
             c.completed + c.missed_early,
             "every released job completed or missed (rank {rank})"
         );
-        self.active = Some(active);
-        Ok(stats)
+        stats
     }
 
     fn count(&self, counter: usize) {
@@ -730,6 +946,7 @@ impl<F: Fabric> RtNode<F> {
             kind,
             detected_ns: self.clock.now().map(|i| i.mid_ns()).unwrap_or(0),
             deadline_ns: job.deadline_ns,
+            critical_start_ns: job.critical_start_ns,
         }
     }
 
@@ -737,23 +954,23 @@ impl<F: Fabric> RtNode<F> {
         match task {
             TaskRef::Send(c) => {
                 let moved = self.send_job(c, job.period);
-                stats.messages_moved += moved;
+                stats.counters.messages_moved += moved;
                 None
             }
             TaskRef::Receive(c) => {
                 let result = self.receive_job(c, job.period);
                 match result {
                     Ok((moved, overflow)) => {
-                        stats.messages_moved += moved;
-                        stats.receive_overflow += overflow;
+                        stats.counters.messages_moved += moved;
+                        stats.counters.receive_overflow += overflow;
                         None
                     }
                     Err(kind) => {
                         if kind == MissKind::MessageMissing {
-                            stats.messages_missing += 1;
+                            stats.counters.messages_missing += 1;
                             self.count(layout::MESSAGES_MISSING);
                         } else {
-                            stats.messages_torn += 1;
+                            stats.counters.messages_torn += 1;
                             self.count(layout::MESSAGES_TORN);
                         }
                         Some(kind)
@@ -806,11 +1023,18 @@ impl<F: Fabric> RtNode<F> {
         }
         bytes[0..8].copy_from_slice(&period.to_le_bytes());
         bytes[8..12].copy_from_slice(&(count as u32).to_le_bytes());
+        // Three pushes, in this order, so that a fabric that copies rows
+        // (tcp: frames applied in order, each in address order) never
+        // shows a reader the guard before the slot: `begin`, the slot,
+        // then the guard. On shm a push is a no-op.
+        let receivers = ch.spec.receivers;
+        let begin = area.begin.offset();
+        let _ = self.fabric.push(begin..begin + 8, receivers);
+        let _ = self.fabric.push(slot..slot + area.slot_bytes(), receivers);
         // Partner: the Acquire load of the guard in `receive_job`.
         row.u64_at(area.guard.offset()).store(period + 1, Ordering::Release);
-        let _ = self
-            .fabric
-            .push(area.begin.offset()..slot + area.slot_bytes(), ch.spec.receivers);
+        let guard = area.guard.offset();
+        let _ = self.fabric.push(guard..guard + 8, receivers);
         count as u64
     }
 
@@ -884,6 +1108,16 @@ impl<F: Fabric> RtNode<F> {
             .as_mut()
             .ok_or(BufferError::Full { capacity: 0 })?
             .insert(bytes, key)
+    }
+}
+
+/// Stops a watchdog when dropped.
+struct StopOnDrop<'a>(&'a WatchdogShared, &'a std::thread::Thread);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.set_stop(true);
+        self.1.unpark();
     }
 }
 

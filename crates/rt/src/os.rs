@@ -107,6 +107,55 @@ pub fn sleep_until_hybrid(target_mono_ns: u64, spin_ns: u64) -> u64 {
     }
 }
 
+/// Move the calling thread into the network namespace `name` (as made by
+/// `ip netns add name`, i.e. `/var/run/netns/name`). Threads it starts
+/// afterwards inherit it; call it before opening sockets or starting
+/// threads. Needs CAP_SYS_ADMIN (root).
+pub fn enter_netns(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(format!("network namespace '{name}': not a namespace name"));
+    }
+    let path = format!("/var/run/netns/{name}");
+    let file = std::fs::File::open(&path).map_err(|e| format!("network namespace '{name}' ({path}): {e}"))?;
+    // SAFETY: the fd is open for the duration of the call (`file` lives
+    // until the end of this function); CLONE_NEWNET changes only this
+    // thread's network namespace, no memory is passed.
+    let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        return Err(format!(
+            "enter network namespace '{name}': {}; needs root (CAP_SYS_ADMIN)",
+            errno_text()
+        ));
+    }
+    Ok(())
+}
+
+/// Give every thread of this process whose name starts with `prefix`
+/// SCHED_FIFO at `priority` (e.g. a fabric's receive thread, which the
+/// dispatcher's data depends on). Returns how many threads were raised.
+pub fn raise_threads_named(prefix: &str, priority: i32) -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    let mut raised = 0;
+    for task in tasks.flatten().take(4_096) {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let Ok(tid) = task.file_name().to_string_lossy().parse::<libc::pid_t>() else {
+            continue;
+        };
+        if !comm.trim_end().starts_with(prefix) {
+            continue;
+        }
+        let param = libc::sched_param {
+            sched_priority: priority,
+        };
+        // SAFETY: `param` is a valid sched_param; `tid` is a thread of this
+        // process (a stale tid fails with ESRCH, harmlessly).
+        raised += usize::from(unsafe { libc::sched_setscheduler(tid, libc::SCHED_FIFO, &param) } == 0);
+    }
+    raised
+}
+
 /// Pin the calling thread to `cpu` (best effort; returns whether it worked).
 pub fn pin_to_cpu(cpu: usize) -> bool {
     // SAFETY: cpu_set_t is plain data; zeroed is the empty set.

@@ -1,6 +1,8 @@
-//! Measurement scenarios run by `spindle rt …` (one member per process on
-//! shm, or one per thread in tests): the thesis's 3-node ring, latency by
-//! message size, best-effort vs time-based, and clock accuracy.
+//! Measurement scenarios run by `spindle rt …` (one member per process, or
+//! one per thread in tests), over shm or tcp (optionally each member in
+//! its own network namespace): the thesis's 3-node ring, latency by
+//! message size, best-effort vs time-based, and clock accuracy. Everything
+//! below [`run_member`] is generic over the [`Fabric`].
 //!
 //! A scenario is described once ([`ScenarioSpec`], JSON on the command
 //! line of each member process) and every member runs
@@ -13,12 +15,13 @@
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use spindle_fabric::shm::{ShmFabric, ShmOptions};
-use spindle_fabric::{wait_all_joined, PeerSet};
+use spindle_fabric::tcp::{TcpFabric, TcpOptions};
+use spindle_fabric::{wait_all_joined, Fabric, PeerSet};
 use spindle_sst::monotonic_ns;
 
 use crate::buffers::IteratorPolicy;
@@ -27,10 +30,11 @@ use crate::clock_service::{ClockService, ClockServiceConfig, GlobalClock};
 use crate::layout::RtLayout;
 use crate::node::{
     calibrate_release_jitter, layout_for, measure_channel_compute_ns, ChannelKind, ChannelSpec, CommitConfig, MissKind,
-    RtNode, RunStats,
+    MissReport, RtNode, RunCounters, RunStats,
 };
-use crate::os::{drop_rt_priority, request_rt_privileges};
+use crate::os::{drop_rt_priority, enter_netns, raise_threads_named, request_rt_privileges};
 use crate::qos::{TaskKind, TaskSpec, TimeQos};
+use crate::watchdog::WatchdogConfig;
 
 /// Which measurement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +75,63 @@ impl NodeClockSpec {
     }
 }
 
+/// How the members reach each other.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransportSpec {
+    /// `shm` (one host; the default when empty) or `tcp`.
+    pub kind: String,
+    /// tcp: `ip:port` where each member listens, by rank.
+    pub addresses: Vec<String>,
+    /// tcp: the group key, hex.
+    pub key_hex: String,
+    /// The network namespace (`ip netns` name) each member enters before
+    /// opening the fabric, by rank; empty: none.
+    pub netns: Vec<String>,
+}
+
+impl TransportSpec {
+    pub fn name(&self) -> &str {
+        if self.kind.is_empty() {
+            "shm"
+        } else {
+            &self.kind
+        }
+    }
+
+    fn tcp_options(&self, group: &str, layout: &RtLayout, join_timeout: Duration) -> Result<TcpOptions, String> {
+        let addresses = self
+            .addresses
+            .iter()
+            .enumerate()
+            .map(|(r, a)| {
+                a.parse()
+                    .map_err(|e| format!("address of member {r} '{a}': {e} (expected ip:port)"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let key = hex_decode(&self.key_hex)?;
+        let mut options = TcpOptions::new(group, layout.row.row_len_bytes(), layout.row.tag(), addresses, key);
+        options.join_timeout = join_timeout;
+        Ok(options)
+    }
+}
+
+/// Decode a hex string (the group key).
+pub fn hex_decode(hex: &str) -> Result<Vec<u8>, String> {
+    if hex.is_empty() || !hex.len().is_multiple_of(2) {
+        return Err(format!(
+            "group key: {} hex digits, expected a non-zero even number",
+            hex.len()
+        ));
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            u8::from_str_radix(&hex[i..i + 2], 16)
+                .map_err(|_| format!("group key: '{}' at {i} is not hex", &hex[i..i + 2]))
+        })
+        .collect()
+}
+
 /// Everything a member needs; identical for every member of a run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ScenarioSpec {
@@ -106,6 +167,15 @@ pub struct ScenarioSpec {
     pub join_timeout_ms: u64,
     /// Best-effort per-period quota (compare).
     pub best_effort_quota: usize,
+    #[serde(default)]
+    pub transport: TransportSpec,
+    /// Run a watchdog next to each dispatcher (see [`crate::watchdog`]).
+    #[serde(default = "yes")]
+    pub watchdog: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// p50 / p99 / max of a set of samples (ns).
@@ -164,16 +234,8 @@ pub struct RunReport {
     /// Execution time of the channel tasks (the zero-sided data path).
     pub send_exec_ns: Summary,
     pub receive_exec_ns: Summary,
-    pub released: u64,
-    pub completed: u64,
-    pub missed_early: u64,
-    pub overruns: u64,
-    pub messages_moved: u64,
-    pub messages_missing: u64,
-    pub messages_torn: u64,
-    pub receive_overflow: u64,
-    pub clock_over_budget: u64,
-    pub clock_bound_ns_max: u64,
+    #[serde(flatten)]
+    pub counters: RunCounters,
     /// Misses as reported through the callback (first 32).
     pub miss_log: Vec<String>,
 }
@@ -209,18 +271,71 @@ impl MemberReport {
     }
 }
 
-/// Run one member of `spec` and write its report; returns it too.
+/// Run one member of `spec` and write its report; returns it too. Enters
+/// the member's network namespace first (if any), then opens the fabric
+/// the spec names.
 pub fn run_member(spec: &ScenarioSpec, rank: usize) -> Result<MemberReport, String> {
     let channels = channels_of(spec, 0)?;
     let layout = Arc::new(layout_for(spec.members, &channels));
-    let mut options = ShmOptions::new(&spec.group, spec.members, layout.row.row_len_bytes(), layout.row.tag());
-    options.layout_description = layout.row.summary();
-    let fabric = Arc::new(ShmFabric::open(&options, rank).map_err(|e| format!("member {rank}: {e}"))?);
+    if let Some(ns) = spec.transport.netns.get(rank).filter(|n| !n.is_empty()) {
+        enter_netns(ns).map_err(|e| format!("member {rank}: {e}"))?;
+    }
+    let join_timeout = Duration::from_millis(spec.join_timeout_ms);
+    match spec.transport.name() {
+        "shm" => {
+            let mut options = ShmOptions::new(&spec.group, spec.members, layout.row.row_len_bytes(), layout.row.tag());
+            options.layout_description = layout.row.summary();
+            let fabric = ShmFabric::open(&options, rank).map_err(|e| format!("member {rank}: {e}"))?;
+            run_member_on(spec, rank, Arc::new(fabric), layout)
+        }
+        "tcp" => {
+            let options = spec.transport.tcp_options(&spec.group, &layout, join_timeout)?;
+            if options.addresses.len() != spec.members {
+                return Err(format!(
+                    "{} tcp addresses for {} members",
+                    options.addresses.len(),
+                    spec.members
+                ));
+            }
+            let fabric = TcpFabric::open(&options, rank).map_err(|e| format!("member {rank}: {e}"))?;
+            if spec.fifo {
+                // The channel data arrive through the fabric's receive
+                // thread: below the dispatcher (80) and the clock (70) it
+                // could wait behind them; above the clock it delivers the
+                // clock's replies too. It blocks in poll, so it never spins.
+                // A new thread names itself once it first runs: look again
+                // for a while (bounded) until it has.
+                let mut raised = 0;
+                for _ in 0..100 {
+                    raised = raise_threads_named("spindle-tcp-rec", 75);
+                    if raised > 0 {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                if raised == 0 {
+                    eprintln!("member {rank}: the tcp receive thread stays at normal priority (not found by name)");
+                }
+            }
+            run_member_on(spec, rank, Arc::new(fabric), layout)
+        }
+        other => Err(format!("transport '{other}': expected shm or tcp")),
+    }
+}
+
+/// [`run_member`] on an open fabric.
+pub fn run_member_on<F: Fabric>(
+    spec: &ScenarioSpec,
+    rank: usize,
+    fabric: Arc<F>,
+    layout: Arc<RtLayout>,
+) -> Result<MemberReport, String> {
     wait_all_joined(&*fabric, &spec.group, Duration::from_millis(spec.join_timeout_ms)).map_err(|e| e.to_string())?;
     let clock_spec = spec.clocks.get(rank).cloned().unwrap_or_default();
     let injected = clock_spec.injected(spec.start_mono_ns)?;
     let config = ClockServiceConfig {
         fifo_priority: spec.fifo.then_some(70),
+        ring_doorbell: spec.transport.name() != "tcp",
         ..ClockServiceConfig::default()
     };
     let service = ClockService::start(fabric.clone(), layout.clone(), injected, config);
@@ -250,7 +365,7 @@ pub fn run_member(spec: &ScenarioSpec, rank: usize) -> Result<MemberReport, Stri
 
 /// Each member bumps its `commit_generation` past any commit and waits
 /// for everyone: a barrier in rows (generation `u64::MAX / 2`).
-fn finish_barrier<F: spindle_fabric::Fabric>(fabric: &F, layout: &RtLayout, spec: &ScenarioSpec) -> Result<(), String> {
+fn finish_barrier<F: Fabric>(fabric: &F, layout: &RtLayout, spec: &ScenarioSpec) -> Result<(), String> {
     const DONE: u64 = u64::MAX / 2;
     let at = layout.commit_generation.offset();
     // Partner: the Acquire loads below, in every other member.
@@ -348,22 +463,25 @@ pub fn channels_of(spec: &ScenarioSpec, period_index: usize) -> Result<Vec<Chann
     Ok(channels)
 }
 
-fn run_channels(
+fn run_channels<F: Fabric>(
     spec: &ScenarioSpec,
     rank: usize,
-    fabric: Arc<ShmFabric>,
+    fabric: Arc<F>,
     layout: Arc<RtLayout>,
     service: &ClockService,
     report: &mut MemberReport,
 ) -> Result<(), String> {
     // Real-time priority for this (the dispatcher's) thread only.
-    let privileges = request_rt_privileges(spec.fifo, 80, false);
+    // Locked memory: no page fault on the data path (mlockall, MCL_FUTURE).
+    let privileges = request_rt_privileges(spec.fifo, 80, true);
     report.fifo_granted = privileges.sched_fifo.is_ok();
     report.privileges = privileges.describe();
     // Calibrate after the clock has synchronized, so its warm-up bursts
     // are not what the dispatcher's jitter is measured against.
     let synced = service.wait_synced(spec.clock_bound_budget_ns, Duration::from_secs(20));
-    let calibration = calibrate_release_jitter(spec.jitter_samples, 1_000_000, spec.spin_ns);
+    // Wake-ups at least 4 spin windows apart: a window as long as the
+    // period would spin without end (and be throttled).
+    let calibration = calibrate_release_jitter(spec.jitter_samples, (4 * spec.spin_ns).max(1_000_000), spec.spin_ns);
     report.calibration_jitter_ns = Summary::of(&calibration);
     let jitter_ns = spec
         .release_jitter_declared_ns
@@ -417,7 +535,7 @@ fn message_number(bytes: &[u8]) -> u64 {
 }
 
 /// Ring or latency: register the user tasks of this node, commit, run.
-fn pipeline_run<F: spindle_fabric::Fabric>(
+fn pipeline_run<F: Fabric>(
     spec: &ScenarioSpec,
     rank: usize,
     node: &mut RtNode<F>,
@@ -509,14 +627,33 @@ fn pipeline_run<F: spindle_fabric::Fabric>(
         )?;
     }
     // One extra period lets the last message finish its trip.
-    let committed = node
-        .commit(&commit_config(spec, jitter_ns, p + 1))
-        .map_err(|e| e.to_string())?;
-    let (stats, miss_log, user_jobs_missed) = run_node(node, spec.spin_ns)?;
-    node.uncommit();
+    let report = commit_and_run(spec, node, jitter_ns, p + 1, size, period_ns)?;
     let log = Rc::try_unwrap(log)
         .map_err(|_| "user tasks still registered")?
         .into_inner();
+    Ok(RunReport {
+        inserted_ns: log.inserted_ns,
+        extracted_ns: log.extracted_ns,
+        app_missed: log.app_missed,
+        ..report
+    })
+}
+
+/// Commit (both phases), run with a watchdog, uncommit; the report's
+/// common part (verdicts, admission, tasks, counters, misses).
+fn commit_and_run<F: Fabric>(
+    spec: &ScenarioSpec,
+    node: &mut RtNode<F>,
+    jitter_ns: u64,
+    periods: u64,
+    size: usize,
+    period_ns: u64,
+) -> Result<RunReport, String> {
+    let committed = node
+        .commit(&commit_config(spec, jitter_ns, periods))
+        .map_err(|e| e.to_string())?;
+    let (stats, misses) = run_node(node, spec)?;
+    node.uncommit();
     Ok(RunReport {
         size,
         period_ns,
@@ -542,64 +679,78 @@ fn pipeline_run<F: spindle_fabric::Fabric>(
                 )
             })
             .collect(),
-        inserted_ns: log.inserted_ns,
-        extracted_ns: log.extracted_ns,
-        app_missed: log.app_missed,
-        user_jobs_missed,
-        ..run_report_from(stats, miss_log)
-    })
-}
-
-fn run_node<F: spindle_fabric::Fabric>(
-    node: &mut RtNode<F>,
-    spin_ns: u64,
-) -> Result<(RunStats, Vec<String>, u64), String> {
-    let mut miss_log = Vec::with_capacity(32);
-    let mut user_jobs_missed = 0u64;
-    let stats = node.run(spin_ns, &mut |m| {
-        let user = m.task.ends_with(" user");
-        user_jobs_missed += u64::from(user && m.kind == MissKind::Early);
-        if miss_log.len() < 32 {
-            let kind = match m.kind {
-                MissKind::Early => "missed early (dropped at critical start)",
-                MissKind::Overrun => "overran its deadline",
-                MissKind::MessageMissing => "found no message",
-                MissKind::MessageTorn => "found its slot overwritten",
-            };
-            let ahead = m.deadline_ns as i64 - m.detected_ns as i64;
-            let when = if ahead >= 0 {
-                format!("detected {ahead} ns before the deadline")
-            } else {
-                format!(
-                    "detected {} ns after the deadline: the dispatcher was not running",
-                    -ahead
-                )
-            };
-            miss_log.push(format!("{} period {}: {kind} ({when})", m.task, m.period));
-        }
-    })?;
-    Ok((stats, miss_log, user_jobs_missed))
-}
-
-fn run_report_from(stats: RunStats, miss_log: Vec<String>) -> RunReport {
-    RunReport {
+        user_jobs_missed: misses.user_jobs_missed,
         release_jitter_ns: Summary::of(&stats.release_jitter_ns),
         start_delay_ns: Summary::of(&stats.start_delay_ns),
         send_exec_ns: Summary::of(&stats.send_exec_ns),
         receive_exec_ns: Summary::of(&stats.receive_exec_ns),
-        released: stats.released,
-        completed: stats.completed,
-        missed_early: stats.missed_early,
-        overruns: stats.overruns,
-        messages_moved: stats.messages_moved,
-        messages_missing: stats.messages_missing,
-        messages_torn: stats.messages_torn,
-        receive_overflow: stats.receive_overflow,
-        clock_over_budget: stats.clock_over_budget,
-        clock_bound_ns_max: stats.clock_bound_ns_max,
-        miss_log,
+        counters: stats.counters,
+        miss_log: misses.lines,
         ..RunReport::default()
+    })
+}
+
+/// Misses as reported, by the dispatcher or by the watchdog.
+#[derive(Default)]
+struct MissLog {
+    /// The first 32, as text.
+    lines: Vec<String>,
+    /// Jobs of user (computation) tasks dropped or not started in time.
+    user_jobs_missed: u64,
+}
+
+impl MissLog {
+    fn record(&mut self, m: &MissReport) {
+        let dropped = matches!(m.kind, MissKind::Early | MissKind::NotStarted);
+        self.user_jobs_missed += u64::from(dropped && m.task.ends_with(" user"));
+        if self.lines.len() < 32 {
+            self.lines.push(describe_miss(m));
+        }
     }
+}
+
+/// One line about a miss: which job, what, and when it was detected.
+pub fn describe_miss(m: &MissReport) -> String {
+    let kind = match m.kind {
+        MissKind::Early => "missed early (dropped at critical start)",
+        MissKind::NotStarted => "not started by its critical start (watchdog: the dispatcher was busy or stalled)",
+        MissKind::Overrun => "overran its deadline",
+        MissKind::MessageMissing => "found no message",
+        MissKind::MessageTorn => "found its slot overwritten",
+    };
+    let ahead = m.deadline_ns as i64 - m.detected_ns as i64;
+    let who = if m.kind == MissKind::NotStarted {
+        "the watchdog was not running either (every thread stalled)"
+    } else {
+        "the dispatcher was not running"
+    };
+    let when = if ahead >= 0 {
+        format!("detected {ahead} ns before the deadline")
+    } else {
+        format!("detected {} ns after the deadline: {who}", -ahead)
+    };
+    format!("{} period {}: {kind} ({when})", m.task, m.period)
+}
+
+/// Run the dispatcher with a watchdog (SCHED_FIFO 81 when asked: above
+/// the dispatcher's 80, so it preempts a dispatcher stuck in a job).
+fn run_node<F: Fabric>(node: &mut RtNode<F>, spec: &ScenarioSpec) -> Result<(RunStats, MissLog), String> {
+    let log = Arc::new(Mutex::new(MissLog {
+        lines: Vec::with_capacity(32),
+        user_jobs_missed: 0,
+    }));
+    let watched = log.clone();
+    node.set_watchdog(spec.watchdog.then(|| WatchdogConfig {
+        on_miss: Arc::new(move |m| watched.lock().unwrap_or_else(|p| p.into_inner()).record(m)),
+        fifo_priority: spec.fifo.then_some(81),
+    }));
+    let result = node.run(spec.spin_ns, &mut |m| {
+        log.lock().unwrap_or_else(|p| p.into_inner()).record(m)
+    });
+    node.set_watchdog(None);
+    let stats = result?;
+    let log = std::mem::take(&mut *log.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok((stats, log))
 }
 
 /// A tiny deterministic generator (xorshift) for the best-effort load.
@@ -620,7 +771,7 @@ struct CompareLog {
 /// The time-based channel carries 2 messages every period; the
 /// best-effort sender offers a random 0–4 per period through per-message
 /// `send`, and its channel reserves only the average (2 per period).
-fn compare_run<F: spindle_fabric::Fabric>(
+fn compare_run<F: Fabric>(
     spec: &ScenarioSpec,
     rank: usize,
     node: &mut RtNode<F>,
@@ -687,28 +838,15 @@ fn compare_run<F: spindle_fabric::Fabric>(
         }),
     )?;
     // Extra periods drain the best-effort backlog.
-    let committed = node
-        .commit(&commit_config(spec, jitter_ns, p + p / 4 + 8))
-        .map_err(|e| e.to_string())?;
-    let (stats, miss_log, user_jobs_missed) = run_node(node, spec.spin_ns)?;
-    node.uncommit();
+    let report = commit_and_run(spec, node, jitter_ns, p + p / 4 + 8, size, period_ns)?;
     let log = Rc::try_unwrap(log)
         .map_err(|_| "user task still registered")?
         .into_inner();
     Ok(RunReport {
-        size,
-        period_ns,
-        verdicts: committed.verdicts.clone(),
-        admission: match &committed.admission {
-            Ok(a) => format!("admitted: utilization {} ppm", a.utilization_ppm),
-            Err(r) => format!("REJECTED (run forced): {r}"),
-        },
-        epoch_start_ns: committed.epoch_start_ns,
         latency_time_based_ns: log.time_based_ns,
         latency_best_effort_ns: log.best_effort_ns,
         best_effort_dropped: log.dropped,
-        user_jobs_missed,
-        ..run_report_from(stats, miss_log)
+        ..report
     })
 }
 

@@ -97,8 +97,11 @@ fn member(group: String, rank: usize) -> (Vec<u64>, u64, u64) {
         assert!(committed.verdicts.iter().all(|v| v.is_none()));
         epochs.push(committed.epoch_start_ns);
         let stats = node.run(50 * US, &mut |_| {}).unwrap();
-        missed += stats.messages_missing + stats.messages_torn + stats.missed_early;
-        assert_eq!(stats.released, stats.completed + stats.missed_early);
+        missed += stats.counters.messages_missing + stats.counters.messages_torn + stats.counters.missed_early;
+        assert_eq!(
+            stats.counters.released,
+            stats.counters.completed + stats.counters.missed_early
+        );
         node.uncommit();
         assert!(!node.is_committed());
     }

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use spindle_rt::scenario::{run_member, MemberReport, NodeClockSpec, Scenario, ScenarioSpec, StageSpec};
+use spindle_rt::scenario::{run_member, MemberReport, NodeClockSpec, Scenario, ScenarioSpec, StageSpec, TransportSpec};
 
 const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
@@ -63,6 +63,8 @@ fn base_spec(scenario: Scenario, group: &str, members: usize, dir: &Path) -> Sce
         result_dir: dir.to_path_buf(),
         join_timeout_ms: 20_000,
         best_effort_quota: 2,
+        transport: TransportSpec::default(),
+        watchdog: true,
     }
 }
 
@@ -79,11 +81,9 @@ fn run_all(spec: &ScenarioSpec) -> Vec<Result<MemberReport, String>> {
     out
 }
 
-#[test]
-fn zero_sided_pipeline_delivers_or_counts_every_message() {
-    let dir = tempdir();
-    let spec = base_spec(Scenario::Latency, "rt-pipe", 2, dir.path());
-    let reports: Vec<MemberReport> = run_all(&spec).into_iter().map(|r| r.unwrap()).collect();
+/// Run a 2-member pipeline; every message arrived or was counted missing.
+fn run_pipeline(spec: &ScenarioSpec) -> Vec<MemberReport> {
+    let reports: Vec<MemberReport> = run_all(spec).into_iter().map(|r| r.unwrap()).collect();
     let (sender, receiver) = (&reports[0].runs[0], &reports[1].runs[0]);
     assert!(sender.verdicts.iter().all(|v| v.is_none()), "{:?}", sender.verdicts);
     assert_eq!(sender.epoch_start_ns, receiver.epoch_start_ns, "one agreed epoch_start");
@@ -96,8 +96,17 @@ fn zero_sided_pipeline_delivers_or_counts_every_message() {
     );
     // Every released job either completed or was reported as missed.
     for r in [sender, receiver] {
-        assert_eq!(r.released, r.completed + r.missed_early);
+        assert_eq!(r.counters.released, r.counters.completed + r.counters.missed_early);
     }
+    reports
+}
+
+#[test]
+fn zero_sided_pipeline_delivers_or_counts_every_message() {
+    let dir = tempdir();
+    let spec = base_spec(Scenario::Latency, "rt-pipe", 2, dir.path());
+    let reports = run_pipeline(&spec);
+    let (sender, receiver) = (&reports[0].runs[0], &reports[1].runs[0]);
     // Latency is measured for each delivered message against the sender's insert.
     for k in 0..spec.periods as usize {
         if receiver.extracted_ns[k] > 0 {
@@ -142,4 +151,68 @@ fn clock_with_injected_offset_and_drift_keeps_the_truth_inside_the_bound() {
         let outside = r.clock_samples.iter().filter(|s| !s.inside).count();
         assert_eq!(outside, 0, "rank {}: true time outside the interval", r.rank);
     }
+}
+
+/// Free loopback addresses (bound to port 0, then released).
+fn loopback_addresses(n: usize) -> Vec<String> {
+    let listeners: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect()
+}
+
+fn tcp(spec: &mut ScenarioSpec) {
+    spec.transport = TransportSpec {
+        kind: "tcp".into(),
+        addresses: loopback_addresses(spec.members),
+        key_hex: "00112233445566778899aabbccddeeff".into(),
+        netns: vec![],
+    };
+}
+
+#[test]
+fn the_pipeline_runs_over_tcp_and_delivers_or_counts_every_message() {
+    let dir = tempdir();
+    let mut spec = base_spec(Scenario::Latency, "rt-pipe-tcp", 2, dir.path());
+    tcp(&mut spec);
+    // Loopback round trips through two receive threads on a loaded
+    // machine: the largest budget this schedule admits (recv at 1,500 µs
+    // ≥ send deadline 1,000 µs + 2 × budget).
+    spec.clock_bound_budget_ns = 250 * US;
+    run_pipeline(&spec);
+}
+
+#[test]
+fn the_clock_over_tcp_keeps_the_truth_inside_the_bound() {
+    let dir = tempdir();
+    let mut spec = base_spec(Scenario::Clock, "rt-clock-tcp", 3, dir.path());
+    spec.clocks.push(NodeClockSpec {
+        offset_ns: -700_000,
+        drift_ppb: -20_000,
+        jumps: vec![],
+    });
+    tcp(&mut spec);
+    let reports: Vec<MemberReport> = run_all(&spec).into_iter().map(|r| r.unwrap()).collect();
+    for r in &reports[1..] {
+        assert!(!r.clock_samples.is_empty(), "rank {} took no sample", r.rank);
+        let outside = r.clock_samples.iter().filter(|s| !s.inside).count();
+        assert_eq!(outside, 0, "rank {}: true time outside the interval", r.rank);
+    }
+}
+
+#[test]
+fn a_bad_transport_names_the_bad_value() {
+    let dir = tempdir();
+    let mut spec = base_spec(Scenario::Latency, "rt-bad-transport", 2, dir.path());
+    spec.transport.kind = "carrier-pigeon".into();
+    let err = run_member(&spec, 0).unwrap_err();
+    assert!(err.contains("carrier-pigeon"), "{err}");
+    spec.transport = TransportSpec {
+        kind: "tcp".into(),
+        addresses: vec!["127.0.0.1:1".into(), "nowhere".into()],
+        key_hex: "00".into(),
+        netns: vec![],
+    };
+    let err = run_member(&spec, 0).unwrap_err();
+    assert!(err.contains("'nowhere'"), "{err}");
 }

@@ -1,0 +1,450 @@
+//! What every rt command shares: checking arguments, building the
+//! scenario, spawning the member processes, and the per-node rows of the
+//! reports.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use spindle_rt::node::calibrate_release_jitter;
+use spindle_rt::os::{drop_rt_priority, request_rt_privileges};
+use spindle_rt::scenario::{
+    MemberReport, NodeClockSpec, RunReport, Scenario, ScenarioSpec, StageSpec, Summary, TransportSpec,
+};
+
+use super::{CommonArgs, MS, US};
+use crate::procs::{read_results, MemberProcesses};
+
+// ───────────────────────────── arguments ─────────────────────────────
+
+pub(super) fn parse_list<T: std::str::FromStr>(flag: &str, s: &str) -> Result<Vec<T>, String> {
+    s.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| {
+            x.trim()
+                .parse::<T>()
+                .map_err(|_| format!("{flag}: '{x}' is not a valid number"))
+        })
+        .collect()
+}
+
+pub(super) fn clocks_of(common: &CommonArgs, members: usize) -> Result<Vec<NodeClockSpec>, String> {
+    let offsets: Vec<i64> = parse_list("--offset-us", &common.offset_us)?;
+    let drifts: Vec<f64> = parse_list("--drift-ppm", &common.drift_ppm)?;
+    if let Some(d) = drifts.iter().find(|d| d.abs() > 150.0) {
+        return Err(format!(
+            "--drift-ppm {d} is beyond ±150 ppm, outside the estimator's assumed tolerance"
+        ));
+    }
+    Ok((0..members)
+        .map(|n| NodeClockSpec {
+            offset_ns: offsets.get(n).copied().unwrap_or(0) * US as i64,
+            drift_ppb: (drifts.get(n).copied().unwrap_or(0.0) * 1_000.0) as i64,
+            jumps: vec![],
+        })
+        .collect())
+}
+
+pub(super) fn check_common(common: &CommonArgs) -> Result<(), String> {
+    if common.clock_budget_us == 0 || common.clock_budget_us > 100_000 {
+        return Err(format!(
+            "--clock-budget-us {} must be in 1..=100000",
+            common.clock_budget_us
+        ));
+    }
+    if common.jitter_samples == 0 || common.jitter_samples > 100_000 {
+        return Err(format!(
+            "--jitter-samples {} must be in 1..=100000",
+            common.jitter_samples
+        ));
+    }
+    if common.spin_us > 10_000 {
+        return Err(format!("--spin-us {} must be at most 10000", common.spin_us));
+    }
+    Ok(())
+}
+
+pub(super) fn check_sizes(sizes: &[usize]) -> Result<(), String> {
+    if sizes.is_empty() {
+        return Err("--sizes: give at least one size".into());
+    }
+    if let Some(s) = sizes.iter().find(|s| **s < 8 || **s > 65_536) {
+        return Err(format!(
+            "--sizes: {s} must be in 8..=65536 (messages carry an 8-byte timestamp)"
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn base_spec(scenario: Scenario, common: &CommonArgs, members: usize) -> Result<ScenarioSpec, String> {
+    check_common(common)?;
+    let result_dir = std::env::temp_dir().join(format!(
+        "spindle-rt-{}-{}",
+        std::process::id(),
+        spindle_sst::monotonic_ns()
+    ));
+    // Created by `run_members` (which removes it), so an argument error
+    // found later leaves nothing behind.
+    Ok(ScenarioSpec {
+        scenario,
+        group: format!("rt-{}", std::process::id()),
+        members,
+        period_ns: vec![],
+        periods: 0,
+        sizes: vec![],
+        stages: vec![],
+        wraps: false,
+        clocks: clocks_of(common, members)?,
+        clock_bound_budget_ns: common.clock_budget_us * US,
+        jitter_samples: common.jitter_samples,
+        release_jitter_declared_ns: common.declared_jitter_us.map(|j| j * US),
+        spin_ns: common.spin_us * US,
+        fifo: !common.no_fifo,
+        force: common.force,
+        lead_ns: 200 * MS,
+        duration_ns: 0,
+        sample_interval_ns: 10 * MS,
+        seed: 1,
+        start_mono_ns: spindle_sst::monotonic_ns(),
+        result_dir,
+        join_timeout_ms: 20_000,
+        best_effort_quota: 2,
+        transport: transport_of(common, members)?,
+        watchdog: !common.no_watchdog,
+    })
+}
+
+/// The transport the members use: shm, or tcp on loopback ports, on the
+/// given addresses, or in the given network namespaces.
+pub(super) fn transport_of(common: &CommonArgs, members: usize) -> Result<TransportSpec, String> {
+    let list = |flag: &str, value: &Option<String>| -> Result<Vec<String>, String> {
+        let Some(v) = value else { return Ok(vec![]) };
+        let items: Vec<String> = v.split(',').map(|x| x.trim().to_string()).collect();
+        if items.len() != members || items.iter().any(String::is_empty) {
+            return Err(format!(
+                "{flag} '{v}': give {members} non-empty values (one per member, by rank)"
+            ));
+        }
+        Ok(items)
+    };
+    let mut addresses = list("--addresses", &common.addresses)?;
+    let netns = list("--netns", &common.netns)?;
+    match common.transport.as_str() {
+        "shm" => {
+            if !addresses.is_empty() || !netns.is_empty() {
+                return Err("--addresses and --netns need --transport tcp".into());
+            }
+            Ok(TransportSpec::default())
+        }
+        "tcp" => {
+            if let Some(a) = addresses.iter().find(|a| a.parse::<std::net::SocketAddr>().is_err()) {
+                return Err(format!("--addresses: '{a}' is not ip:port"));
+            }
+            if let Some(ns) = netns.iter().find(|n| !Path::new("/var/run/netns").join(n).exists()) {
+                return Err(format!(
+                    "--netns: network namespace '{ns}' does not exist (/var/run/netns/{ns}; create it with ip netns add)"
+                ));
+            }
+            if !netns.is_empty() && addresses.is_empty() {
+                return Err("--netns needs --addresses (each member's address inside its namespace)".into());
+            }
+            if addresses.is_empty() {
+                addresses = (0..members)
+                    .map(|_| crate::baseline::tcp::free_loopback_addr())
+                    .collect::<Result<_, _>>()?;
+            }
+            let mut key = [0u8; 32];
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
+                .map_err(|e| format!("read /dev/urandom for the group key: {e}"))?;
+            Ok(TransportSpec {
+                kind: "tcp".into(),
+                addresses,
+                key_hex: crate::config::hex_encode(&key),
+                netns,
+            })
+        }
+        other => Err(format!("--transport '{other}': expected shm or tcp")),
+    }
+}
+
+/// How a report names the transport: shm, tcp (loopback or addresses),
+/// or tcp-netns (each member in its own network namespace).
+pub(super) fn transport_label(spec: &ScenarioSpec) -> String {
+    match (spec.transport.name(), spec.transport.netns.is_empty()) {
+        ("tcp", false) => "tcp-netns".into(),
+        (name, _) => name.into(),
+    }
+}
+
+pub(super) fn stage(node: usize, kind: &str, offset_ns: u64, compute_ns: u64, deadline_ns: u64) -> StageSpec {
+    StageSpec {
+        node,
+        kind: kind.into(),
+        offset_ns,
+        compute_ns,
+        deadline_ns,
+    }
+}
+
+/// A pipeline over `nodes` (user, send, recv, user, send, recv, …): each
+/// stage starts at the previous one's deadline, plus twice the clock
+/// budget between a send and its receive (the receiver's clock may be
+/// ahead by the budget and the sender's behind by it).
+pub(super) fn pipeline(
+    nodes: &[usize],
+    wraps: bool,
+    d_ns: u64,
+    user_c_ns: u64,
+    chan_c_ns: u64,
+    eps_ns: u64,
+) -> Vec<StageSpec> {
+    let mut stages = Vec::new();
+    let mut t = 0;
+    for (i, &n) in nodes.iter().enumerate() {
+        if i > 0 {
+            stages.push(stage(n, "recv", t, chan_c_ns, d_ns));
+            t += d_ns;
+        }
+        stages.push(stage(n, "user", t, user_c_ns, d_ns));
+        t += d_ns;
+        let last = i + 1 == nodes.len();
+        if !last || wraps {
+            stages.push(stage(n, "send", t, chan_c_ns, d_ns));
+            t += d_ns + 2 * eps_ns;
+        }
+    }
+    if wraps {
+        stages.push(stage(nodes[0], "recv", t, chan_c_ns, d_ns));
+    }
+    stages
+}
+
+/// Length of a pipeline's schedule with deadline `d` (ns).
+pub(super) fn pipeline_span_ns(stages: &[StageSpec]) -> u64 {
+    stages.iter().map(|s| s.offset_ns + s.deadline_ns).max().unwrap_or(0)
+}
+
+/// The largest deadline (a multiple of 25 µs) whose pipeline fits the period.
+pub(super) fn largest_deadline_ns(nodes: &[usize], wraps: bool, period_ns: u64, eps_ns: u64) -> u64 {
+    let mut d = 25 * US;
+    while pipeline_span_ns(&pipeline(nodes, wraps, d + 25 * US, 1, 1, eps_ns)) <= period_ns {
+        d += 25 * US;
+    }
+    d
+}
+
+// ───────────────────────────── members ─────────────────────────────
+
+/// Spawn one process per member, wait for all, read their reports, and
+/// remove the result directory.
+pub(super) fn run_members(spec: &ScenarioSpec, timeout: Duration) -> Result<Vec<MemberReport>, String> {
+    let dir = &spec.result_dir;
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let result = spawn_and_wait(spec, timeout);
+    let reports = result.and_then(|()| read_results(spec.members, |rank| MemberReport::path(&spec.result_dir, rank)));
+    let _ = std::fs::remove_dir_all(&spec.result_dir);
+    reports
+}
+
+pub(super) fn spawn_and_wait(spec: &ScenarioSpec, timeout: Duration) -> Result<(), String> {
+    let json = serde_json::to_string(spec).map_err(|e| e.to_string())?;
+    let procs = MemberProcesses::spawn(spec.members, |rank| {
+        vec![
+            "rt".into(),
+            "member".into(),
+            "--rank".into(),
+            rank.to_string(),
+            "--spec".into(),
+            json.clone(),
+        ]
+    })?;
+    // The others see the failed member's verdict or its absence and stop.
+    let result = procs.wait(timeout, Duration::from_secs(5), Duration::from_millis(100), &mut || {});
+    let failure = result.err();
+    let shm = Path::new("/dev/shm").join(format!("spindle-{}", spec.group));
+    if failure.is_some() && shm.exists() {
+        // Members were killed: nobody removed the group file.
+        let _ = std::fs::remove_file(&shm);
+    }
+    failure.map_or(Ok(()), Err)
+}
+
+/// Release jitter of this machine, measured here (with SCHED_FIFO when
+/// asked and permitted) to choose default parameters.
+pub(super) fn calibrate_here(common: &CommonArgs) -> (Summary, String) {
+    let (fifo, samples, spin) = (!common.no_fifo, common.jitter_samples.max(2_000), common.spin_us * US);
+    // Wake-ups at least 4 spin windows apart (as the members calibrate).
+    let period = (4 * spin).max(MS);
+    std::thread::spawn(move || {
+        let p = request_rt_privileges(fifo, 80, false);
+        let j = calibrate_release_jitter(samples, period, spin);
+        drop_rt_priority();
+        (Summary::of(&j), p.describe())
+    })
+    .join()
+    .unwrap_or_default()
+}
+
+pub(super) fn write_json<T: Serialize>(path: &Option<PathBuf>, value: &T) -> Result<(), String> {
+    if let Some(path) = path {
+        let json = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+        std::fs::write(path, json + "\n").map_err(|e| format!("write {}: {e}", path.display()))?;
+        println!("results written to {}", path.display());
+    }
+    Ok(())
+}
+
+pub(super) fn unix_time_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub(super) fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+/// One node's figures, as printed and recorded.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct NodeRow {
+    pub(super) node: usize,
+    pub(super) privileges: String,
+    pub(super) fifo_granted: bool,
+    pub(super) calibration_jitter_ns: Summary,
+    pub(super) admission: String,
+    pub(super) clock_bound_ns_at_commit: u64,
+    pub(super) app_missed: u64,
+    pub(super) user_jobs_missed: u64,
+    pub(super) missed_early: u64,
+    /// Of `missed_early`: reported by the watchdog at the critical start.
+    pub(super) missed_by_watchdog: u64,
+    pub(super) overruns: u64,
+    pub(super) messages_moved: u64,
+    pub(super) messages_missing: u64,
+    pub(super) messages_torn: u64,
+    pub(super) release_jitter_ns: Summary,
+    pub(super) send_exec_ns: Summary,
+    pub(super) receive_exec_ns: Summary,
+    pub(super) clock_over_budget: u64,
+    pub(super) clock_bound_ns_max: u64,
+    pub(super) miss_log: Vec<String>,
+}
+
+pub(super) fn node_row(r: &MemberReport, run: &RunReport) -> NodeRow {
+    NodeRow {
+        node: r.rank,
+        privileges: r.privileges.clone(),
+        fifo_granted: r.fifo_granted,
+        calibration_jitter_ns: r.calibration_jitter_ns,
+        admission: run.admission.clone(),
+        clock_bound_ns_at_commit: r.clock_bound_ns_at_commit,
+        app_missed: run.app_missed,
+        user_jobs_missed: run.user_jobs_missed,
+        missed_early: run.counters.missed_early,
+        missed_by_watchdog: run.counters.missed_by_watchdog,
+        overruns: run.counters.overruns,
+        messages_moved: run.counters.messages_moved,
+        messages_missing: run.counters.messages_missing,
+        messages_torn: run.counters.messages_torn,
+        release_jitter_ns: run.release_jitter_ns,
+        send_exec_ns: run.send_exec_ns,
+        receive_exec_ns: run.receive_exec_ns,
+        clock_over_budget: run.counters.clock_over_budget,
+        clock_bound_ns_max: run.counters.clock_bound_ns_max,
+        miss_log: run.miss_log.clone(),
+    }
+}
+
+/// Merge summaries by taking the worst of each percentile (conservative).
+pub(super) fn worst(summaries: impl Iterator<Item = Summary>) -> Summary {
+    summaries.fold(Summary::default(), |a, b| Summary {
+        p50: a.p50.max(b.p50),
+        p99: a.p99.max(b.p99),
+        max: a.max.max(b.max),
+        samples: a.samples + b.samples,
+    })
+}
+
+/// Latencies of the hops `from → to` of a pipeline: extract[to][k] − insert[from][k].
+pub(super) fn hop_latencies(from: &RunReport, to: &RunReport) -> Vec<u64> {
+    from.inserted_ns
+        .iter()
+        .zip(&to.extracted_ns)
+        .filter(|(i, e)| **i > 0 && **e > 0)
+        .map(|(i, e)| e.saturating_sub(*i))
+        .collect()
+}
+
+pub(super) fn jitter_of(latencies: &[u64]) -> Vec<u64> {
+    let median = Summary::of(latencies).p50;
+    latencies.iter().map(|l| l.abs_diff(median)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn common(args: &[&str]) -> CommonArgs {
+        Cli::parse_from(std::iter::once("rt").chain(args.iter().copied())).common
+    }
+
+    #[test]
+    fn bad_lists_name_the_flag_and_value() {
+        let e = parse_list::<u64>("--sizes", "8,x").unwrap_err();
+        assert!(e.contains("--sizes") && e.contains("'x'"), "{e}");
+        assert!(check_sizes(&[4]).unwrap_err().contains('4'));
+    }
+
+    #[test]
+    fn hop_latency_pairs_inserts_with_extracts() {
+        let from = RunReport {
+            inserted_ns: vec![100, 0, 300],
+            ..RunReport::default()
+        };
+        let to = RunReport {
+            extracted_ns: vec![150, 250, 0],
+            ..RunReport::default()
+        };
+        assert_eq!(hop_latencies(&from, &to), vec![50]);
+        assert_eq!(jitter_of(&[10, 12, 20]), vec![2, 0, 8]);
+    }
+
+    #[test]
+    fn transports_are_checked_and_name_the_bad_value() {
+        assert_eq!(transport_of(&common(&[]), 3).unwrap(), TransportSpec::default());
+        let t = transport_of(&common(&["--transport", "tcp"]), 3).unwrap();
+        assert_eq!((t.addresses.len(), t.key_hex.len()), (3, 64));
+        assert!(t.addresses.iter().all(|a| a.starts_with("127.0.0.1:")));
+        let e = transport_of(&common(&["--transport", "udp"]), 3).unwrap_err();
+        assert!(e.contains("'udp'"), "{e}");
+        let e = transport_of(
+            &common(&["--transport", "tcp", "--addresses", "10.0.0.1:1,x:2,10.0.0.3:3"]),
+            3,
+        )
+        .unwrap_err();
+        assert!(e.contains("'x:2'"), "{e}");
+        let e = transport_of(&common(&["--transport", "tcp", "--addresses", "10.0.0.1:1"]), 3).unwrap_err();
+        assert!(e.contains("give 3"), "{e}");
+        let e = transport_of(&common(&["--netns", "a,b,c"]), 3).unwrap_err();
+        assert!(e.contains("--transport tcp"), "{e}");
+        let args = [
+            "--transport",
+            "tcp",
+            "--addresses",
+            "10.0.0.1:1,10.0.0.2:1,10.0.0.3:1",
+            "--netns",
+            "no-such-ns-a,b,c",
+        ];
+        let e = transport_of(&common(&args), 3).unwrap_err();
+        assert!(e.contains("'no-such-ns-a'"), "{e}");
+    }
+}

@@ -1,0 +1,368 @@
+//! `spindle rt ring`: the thesis's 3-node ring (§5.3, Table 5.1).
+
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Args;
+use serde::Serialize;
+use spindle_rt::scenario::{MemberReport, RunReport, Scenario, ScenarioSpec, StageSpec, Summary};
+
+use super::common::*;
+use super::plot::{two_panel_plot, Series};
+use super::{CommonArgs, MS, US};
+use crate::report::Machine;
+
+#[derive(Args, Debug, Clone)]
+pub struct RingArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Round trips of the ring.
+    #[arg(long, default_value_t = 5_000)]
+    pub periods: u64,
+    /// Message bytes (the thesis ran 4 and 1024).
+    #[arg(long, default_value_t = 4)]
+    pub size: usize,
+    /// Period (µs). Default: 5000 for table-5.1; for `default`, chosen from
+    /// this machine's measured release jitter (see --params).
+    #[arg(long)]
+    pub period_us: Option<u64>,
+    /// Task parameters: `default` (every deadline = user compute + clock
+    /// budget + 1.5 × the release jitter measured here, the period the
+    /// 9 tasks then need, unless --period-us/--deadline-us are given) or
+    /// `table-5.1` (the thesis's exact values; runs even if rejected).
+    #[arg(long, default_value = "default")]
+    pub params: String,
+    /// Deadline of every task (µs) for `default` (default: the largest that fits).
+    #[arg(long)]
+    pub deadline_us: Option<u64>,
+    /// Declared compute time of the user tasks (µs).
+    #[arg(long, default_value_t = 50)]
+    pub user_compute_us: u64,
+}
+
+/// One task of a run, as printed and recorded.
+#[derive(Debug, Clone, Serialize)]
+struct TaskRow {
+    node: usize,
+    name: String,
+    offset_ns: u64,
+    period_ns: u64,
+    compute_ns: u64,
+    deadline_ns: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct RingReport {
+    params: String,
+    transport: String,
+    periods: u64,
+    size: usize,
+    period_ns: u64,
+    /// The application did not have its message when it ran (or its job was dropped).
+    missed: u64,
+    /// Jobs dropped at their critical start or finished after their deadline.
+    late: u64,
+    admitted: bool,
+    verdicts: Vec<Option<String>>,
+    /// Hop latency: a user inserts message k → the next node's user extracts it.
+    latency_ns: Summary,
+    /// |hop latency − that hop's median|.
+    jitter_ns: Summary,
+    /// Dispatcher wake-up lateness at releases, all nodes.
+    release_jitter_ns: Summary,
+    hop_latency_p50_ns: Vec<u64>,
+    clock_bound_ns_max: u64,
+    tasks: Vec<TaskRow>,
+    nodes: Vec<NodeRow>,
+    machine: Machine,
+    unix_time_s: u64,
+    command: String,
+    #[serde(skip)]
+    latency_series: Vec<(u64, u64)>,
+}
+
+/// Table 5.1 of the thesis: start times (µs) within a 5 ms period,
+/// compute 50 µs and deadline 75 µs for every task.
+fn table_5_1() -> Vec<StageSpec> {
+    let rows = [
+        (0, "user", 0),
+        (0, "send", 75),
+        (1, "recv", 125),
+        (1, "user", 200),
+        (1, "send", 275),
+        (2, "recv", 325),
+        (2, "user", 400),
+        (2, "send", 475),
+        (0, "recv", 525),
+    ];
+    rows.iter()
+        .map(|&(n, k, off)| stage(n, k, off * US, 50 * US, 75 * US))
+        .collect()
+}
+
+pub(super) fn ring(args: RingArgs) -> Result<(), String> {
+    if args.periods == 0 || args.periods > 1_000_000 {
+        return Err(format!("--periods {} must be in 1..=1000000", args.periods));
+    }
+    if args.size == 0 || args.size > 65_536 {
+        return Err(format!("--size {} must be in 1..=65536", args.size));
+    }
+    if let Some(p) = args.period_us.filter(|p| !(100..=10_000_000).contains(p)) {
+        return Err(format!("--period-us {p} must be in 100..=10000000"));
+    }
+    let mut spec = base_spec(Scenario::Ring, &args.common, 3)?;
+    let eps = spec.clock_bound_budget_ns;
+    let (here, privileges) = calibrate_here(&args.common);
+    let mut period_ns = args.period_us.unwrap_or(5_000) * US;
+    let (stages, params, force) = match args.params.as_str() {
+        "default" => {
+            let jitter_ns = args.common.declared_jitter_us.map(|j| j * US).unwrap_or(here.max);
+            let from_jitter = (args.user_compute_us * US + eps + jitter_ns * 3 / 2).next_multiple_of(100 * US);
+            let d = match (args.deadline_us, args.period_us) {
+                (Some(d), _) => d * US,
+                (None, Some(_)) => largest_deadline_ns(&[0, 1, 2], true, period_ns, eps),
+                (None, None) => from_jitter,
+            };
+            if args.period_us.is_none() {
+                let span = pipeline_span_ns(&pipeline(&[0, 1, 2], true, d, 1, 1, eps));
+                period_ns = span.next_multiple_of(MS).max(5 * MS);
+            }
+            let stages = pipeline(&[0, 1, 2], true, d, args.user_compute_us * US, 5 * US, eps);
+            if pipeline_span_ns(&stages) > period_ns {
+                return Err(format!(
+                    "--deadline-us {}: the ring's 9 tasks need {} µs, more than the period of {} µs",
+                    d / US,
+                    pipeline_span_ns(&stages) / US,
+                    period_ns / US
+                ));
+            }
+            (stages, "default".to_string(), args.common.force)
+        }
+        "table-5.1" => (table_5_1(), "table-5.1".to_string(), true),
+        other => return Err(format!("--params '{other}': expected default or table-5.1")),
+    };
+    spec.period_ns = vec![period_ns];
+    spec.periods = args.periods;
+    spec.sizes = vec![args.size];
+    spec.stages = stages;
+    spec.wraps = true;
+    spec.force = force;
+    println!(
+        "spindle rt ring: 3 nodes on {}, {} periods of {} µs, {} B messages, params {params}{}",
+        transport_label(&spec),
+        args.periods,
+        period_ns / US,
+        args.size,
+        if force { " (runs even if admission rejects)" } else { "" }
+    );
+    println!(
+        "this machine: release jitter p50 {} ns, p99 {} ns, max {} ns over {} wake-ups ({privileges})",
+        here.p50, here.p99, here.max, here.samples
+    );
+    println!("task parameters (µs):");
+    println!(
+        "  {:<5} {:<6} {:>8} {:>8} {:>8} {:>8}",
+        "node", "task", "start", "period", "compute", "deadline"
+    );
+    for s in &spec.stages {
+        println!(
+            "  {:<5} {:<6} {:>8} {:>8} {:>8} {:>8}",
+            ["A", "B", "C"][s.node],
+            s.kind,
+            s.offset_ns / US,
+            period_ns / US,
+            s.compute_ns / US,
+            s.deadline_ns / US
+        );
+    }
+    let timeout = Duration::from_secs(args.common.timeout_s);
+    let reports = run_members(&spec, timeout)?;
+    let report = ring_report(&spec, &params, &reports);
+    print_ring(&report);
+    write_json(&args.common.json, &report)?;
+    if let Some(path) = &args.common.plot {
+        plot_ring(path, &report)?;
+    }
+    Ok(())
+}
+
+fn ring_report(spec: &ScenarioSpec, params: &str, reports: &[MemberReport]) -> RingReport {
+    let runs: Vec<&RunReport> = reports.iter().map(|r| &r.runs[0]).collect();
+    let (mut all, mut jitter, mut hop_p50, mut series) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for n in 0..3 {
+        let hop = hop_latencies(runs[n], runs[(n + 1) % 3]);
+        hop_p50.push(Summary::of(&hop).p50);
+        jitter.extend(jitter_of(&hop));
+        if n == 0 {
+            series = hop.iter().enumerate().map(|(k, l)| (k as u64, *l)).collect();
+        }
+        all.extend(hop);
+    }
+    let tasks = reports
+        .iter()
+        .flat_map(|r| {
+            r.runs[0].tasks.iter().map(move |(name, o, p, c, d)| TaskRow {
+                node: r.rank,
+                name: name.clone(),
+                offset_ns: *o,
+                period_ns: *p,
+                compute_ns: *c,
+                deadline_ns: *d,
+            })
+        })
+        .collect();
+    RingReport {
+        params: params.to_string(),
+        transport: transport_label(spec),
+        periods: spec.periods,
+        size: spec.sizes[0],
+        period_ns: spec.period_ns[0],
+        missed: runs.iter().map(|r| r.app_missed + r.user_jobs_missed).sum(),
+        late: runs.iter().map(|r| r.counters.missed_early + r.counters.overruns).sum(),
+        admitted: runs[0].verdicts.iter().all(|v| v.is_none()),
+        verdicts: runs[0].verdicts.clone(),
+        latency_ns: Summary::of(&all),
+        jitter_ns: Summary::of(&jitter),
+        release_jitter_ns: worst(runs.iter().map(|r| r.release_jitter_ns)),
+        hop_latency_p50_ns: hop_p50,
+        clock_bound_ns_max: runs.iter().map(|r| r.counters.clock_bound_ns_max).max().unwrap_or(0),
+        tasks,
+        nodes: reports.iter().map(|r| node_row(r, &r.runs[0])).collect(),
+        machine: Machine::detect(),
+        unix_time_s: unix_time_s(),
+        command: command_line(),
+        latency_series: series,
+    }
+}
+
+fn print_ring(r: &RingReport) {
+    println!(
+        "admission: {}",
+        if r.admitted {
+            "accepted on every node".to_string()
+        } else {
+            "REJECTED".to_string()
+        }
+    );
+    for (n, v) in r.verdicts.iter().enumerate() {
+        if let Some(v) = v {
+            println!("  node {}: {v}", ["A", "B", "C"][n]);
+        }
+    }
+    println!(
+        "{:>4} {:>6} {:>9} {:>8} {:>8} {:>9} {:>9} {:>12} {:>12}  scheduler",
+        "node", "moved", "app miss", "dropped", "overrun", "no msg", "torn", "rel jit p99", "rel jit max"
+    );
+    for n in &r.nodes {
+        println!(
+            "{:>4} {:>6} {:>9} {:>8} {:>8} {:>9} {:>9} {:>12} {:>12}  {}",
+            ["A", "B", "C"][n.node],
+            n.messages_moved,
+            n.app_missed + n.user_jobs_missed,
+            n.missed_early,
+            n.overruns,
+            n.messages_missing,
+            n.messages_torn,
+            n.release_jitter_ns.p99,
+            n.release_jitter_ns.max,
+            if n.fifo_granted {
+                "SCHED_FIFO"
+            } else {
+                "normal (no SCHED_FIFO)"
+            }
+        );
+    }
+    println!(
+        "periods {}  missed {}  late {}  (messages the application did not have / jobs dropped or overrun)",
+        r.periods, r.missed, r.late
+    );
+    println!(
+        "hop latency (ns): p50 {} p99 {} max {}   jitter: p50 {} p99 {} max {}",
+        r.latency_ns.p50, r.latency_ns.p99, r.latency_ns.max, r.jitter_ns.p50, r.jitter_ns.p99, r.jitter_ns.max
+    );
+    println!(
+        "release jitter (ns, worst node): p50 {} p99 {} max {}; clock bound max {} ns",
+        r.release_jitter_ns.p50, r.release_jitter_ns.p99, r.release_jitter_ns.max, r.clock_bound_ns_max
+    );
+    for n in &r.nodes {
+        for line in n.miss_log.iter().take(5) {
+            println!("  miss: {line}");
+        }
+    }
+}
+
+fn plot_ring(path: &Path, r: &RingReport) -> Result<(), String> {
+    let left = vec![(
+        "hop A→B latency".to_string(),
+        r.latency_series
+            .iter()
+            .map(|&(k, l)| (k as f64, l as f64 / 1_000.0))
+            .collect(),
+    )];
+    let per_node = |f: &dyn Fn(&NodeRow) -> Summary| -> Series {
+        ["p50", "p99", "max"]
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                let pts = r
+                    .nodes
+                    .iter()
+                    .map(|n| {
+                        let s = f(n);
+                        (n.node as f64, [s.p50, s.p99, s.max][i] as f64 / 1_000.0)
+                    })
+                    .collect();
+                (format!("release jitter {q}"), pts)
+            })
+            .collect()
+    };
+    let right = per_node(&|n| n.release_jitter_ns);
+    let title = format!(
+        "spindle rt ring ({}): {} periods of {} µs, {} B: missed {}, late {} ({})",
+        r.params,
+        r.periods,
+        r.period_ns / US,
+        r.size,
+        r.missed,
+        r.late,
+        r.machine.cpu_model
+    );
+    two_panel_plot(
+        path,
+        &title,
+        ("hop latency (µs) by message number", &left),
+        ("dispatcher release jitter (µs) by node (0=A, 1=B, 2=C)", &right),
+        false,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_ring_pipeline_matches_the_table_5_1_shape_and_fits_the_period() {
+        let eps = 10 * US;
+        let d = largest_deadline_ns(&[0, 1, 2], true, 5 * MS, eps);
+        let stages = pipeline(&[0, 1, 2], true, d, 50 * US, 5 * US, eps);
+        let kinds: Vec<&str> = stages.iter().map(|s| s.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            ["user", "send", "recv", "user", "send", "recv", "user", "send", "recv"]
+        );
+        let nodes: Vec<usize> = stages.iter().map(|s| s.node).collect();
+        assert_eq!(nodes, [0, 0, 1, 1, 1, 2, 2, 2, 0]);
+        assert!(pipeline_span_ns(&stages) <= 5 * MS);
+        assert!(pipeline_span_ns(&pipeline(&[0, 1, 2], true, d + 25 * US, 1, 1, eps)) > 5 * MS);
+        // Each receive starts after its send's deadline plus twice the clock budget.
+        assert_eq!(stages[2].offset_ns, stages[1].offset_ns + d + 2 * eps);
+    }
+
+    #[test]
+    fn table_5_1_has_the_thesis_values() {
+        let t = table_5_1();
+        let offsets: Vec<u64> = t.iter().map(|s| s.offset_ns / US).collect();
+        assert_eq!(offsets, [0, 75, 125, 200, 275, 325, 400, 475, 525]);
+        assert!(t.iter().all(|s| s.compute_ns == 50 * US && s.deadline_ns == 75 * US));
+    }
+}
