@@ -356,6 +356,9 @@ struct FailoverReport {
     failover_over_detection_timeout_p99: f64,
     delivered_msgs_per_s_before: f64,
     delivered_msgs_per_s_after: f64,
+    /// What the members offer: every member before, the survivors after.
+    offered_msgs_per_s_before: u64,
+    offered_msgs_per_s_after: u64,
     machine: Machine,
 }
 
@@ -411,7 +414,8 @@ pub fn bench(args: FailoverArgs) -> Result<(), String> {
             let rate_before = rate_between(&events, t_fault.saturating_sub(300_000_000), t_fault);
             let rate_after = rate_between(&events, t_view, t_view + 300_000_000);
             if args.fault == "stop" {
-                group.signal(victim, libc::SIGKILL)?;
+                // The stopped member is out of the group; reap it.
+                group.kill(victim)?;
             }
             let removed: Vec<usize> = Vec::new();
             group.stop(&removed, Duration::from_secs(15))?;
@@ -442,6 +446,8 @@ pub fn bench(args: FailoverArgs) -> Result<(), String> {
         failover_ns: failover,
         delivered_msgs_per_s_before: mean(&before),
         delivered_msgs_per_s_after: mean(&after),
+        offered_msgs_per_s_before: args.members as u64 * args.rate,
+        offered_msgs_per_s_after: (args.members as u64 - 1) * args.rate,
         machine: Machine::detect(),
     };
     println!(
