@@ -43,7 +43,7 @@ pub struct SimArgs {
     /// Steps with the workload running (a bounded drain follows).
     #[arg(long, default_value_t = 400)]
     steps: u64,
-    /// Faults to draw: none, delays, crash, partition or all.
+    /// Faults to draw: none, delays, crash, partition, churn (a join and a leave) or all.
     #[arg(long, default_value = "all")]
     faults: String,
     /// Print every scheduler event of the run (with --seed).
