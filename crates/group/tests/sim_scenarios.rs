@@ -226,3 +226,46 @@ fn a_joiner_is_admitted_and_a_leaver_leaves() {
         );
     }
 }
+
+/// The leader (rank 0) crashes at a sweep of moments while the view change
+/// that removes a cut-off member is under way (wedged, proposed, partly
+/// acknowledged or committed): a new leader adopts or replaces its
+/// proposal consistently (the checkers hold the views to one membership
+/// per id, virtual synchrony and no loss) and the survivors end in one view
+/// without either member.
+#[test]
+fn the_leader_crashing_during_a_view_change_is_replaced() {
+    let mut two_changes = 0;
+    for (i, delay) in (0..600).step_by(30).enumerate() {
+        let (spec, mut plan) = plan(40 + i as u64, 5);
+        plan.speed_per_mille = vec![1000; 5];
+        plan.slow_links.clear();
+        plan.suspect_timeout_ns = plan.healthy_suspect_timeout_ns();
+        plan.partition = Some(PartitionPlan {
+            side: PeerSet(0b10000),
+            hold: true,
+            start_step: 50,
+            heal_step: None,
+        });
+        plan.crash = Some(CrashPlan {
+            rank: 0,
+            trigger: CrashTrigger::AtStep(50 + delay),
+        });
+        let r = ok(simulation::run_plan(&spec, plan));
+        assert_eq!(r.ends[0], MemberEnd::Crashed, "delay {delay}");
+        assert!(
+            matches!(r.ends[4], MemberEnd::Stopped(_)),
+            "delay {delay}: {:?}",
+            r.ends[4]
+        );
+        for m in 1..4 {
+            assert_eq!(r.ends[m], MemberEnd::Running, "delay {delay}: member {m}: {:?}", r.ends);
+            let last = r.view_logs[&m].last().expect("views");
+            assert_eq!(last.members, vec![1, 2, 3], "delay {delay}: member {m}");
+        }
+        if r.view_logs[&1].len() > 2 {
+            two_changes += 1;
+        }
+    }
+    assert!(two_changes > 0, "some crash landed after the first view change began");
+}
