@@ -39,7 +39,8 @@ pub struct BaselineArgs {
     #[arg(long)]
     path: Option<PathBuf>,
     /// producer | consumer (shm ring); tcp-producer | tcp-consumer (raw TCP
-    /// stream); tcp-ping | tcp-pong (raw TCP ping-pong).
+    /// stream); tcp-ping | tcp-pong (raw TCP ping-pong, blocking reads);
+    /// tcp-ping-spin | tcp-pong-spin (the same, busy-polling reads).
     #[arg(long)]
     role: String,
     #[arg(long, default_value_t = 32)]
@@ -255,7 +256,13 @@ pub mod tcp {
     pub struct TcpBaseline {
         pub gbps: f64,
         pub msgs_per_s: f64,
+        /// The better (lower p50) of the two ping-pongs below: what raw
+        /// TCP can do on this machine now.
         pub pingpong_rtt_ns: Percentiles,
+        /// Blocking reads: each side sleeps in `read` until the message comes.
+        pub pingpong_blocking_rtt_ns: Percentiles,
+        /// Busy-polling reads (non-blocking `read` in a loop): no wake-up.
+        pub pingpong_spin_rtt_ns: Percentiles,
     }
 
     /// A free loopback port (bound, then released for the child to bind).
@@ -280,13 +287,19 @@ pub mod tcp {
         if stream.checksum != expected {
             return Err("stream baseline: the consumer read different bytes than the producer wrote".into());
         }
-        let line = pair("tcp-pong", "tcp-ping", PING_BYTES, pingpong_rounds, pin)?;
-        let rtt: Percentiles = serde_json::from_str(&line).map_err(|e| format!("ping-pong said {line:?}: {e}"))?;
+        let pingpong = |pong: &str, ping: &str| -> Result<Percentiles, String> {
+            let line = pair(pong, ping, PING_BYTES, pingpong_rounds, pin)?;
+            serde_json::from_str(&line).map_err(|e| format!("ping-pong said {line:?}: {e}"))
+        };
+        let blocking = pingpong("tcp-pong", "tcp-ping")?;
+        let spin = pingpong("tcp-pong-spin", "tcp-ping-spin")?;
         let elapsed_ns = stream.elapsed_ns.max(1);
         Ok(TcpBaseline {
             gbps: stream.bytes as f64 / elapsed_ns as f64,
             msgs_per_s: count as f64 * 1e9 / elapsed_ns as f64,
-            pingpong_rtt_ns: rtt,
+            pingpong_rtt_ns: if spin.p50 < blocking.p50 { spin } else { blocking },
+            pingpong_blocking_rtt_ns: blocking,
+            pingpong_spin_rtt_ns: spin,
         })
     }
 
@@ -336,7 +349,7 @@ pub mod tcp {
     pub fn run_role(role: &str, addr: Option<&str>, size: usize, count: u64, pin: bool) -> Result<(), String> {
         let addr = addr.ok_or("--addr is needed for the tcp baselines")?;
         if pin {
-            let cpu = if matches!(role, "tcp-producer" | "tcp-ping") {
+            let cpu = if matches!(role, "tcp-producer" | "tcp-ping" | "tcp-ping-spin") {
                 0
             } else {
                 1
@@ -346,8 +359,10 @@ pub mod tcp {
         match role {
             "tcp-consumer" => consumer(&accept(addr)?, size, count),
             "tcp-producer" => producer(dial(addr)?, size, count),
-            "tcp-pong" => pong(accept(addr)?, count),
-            "tcp-ping" => ping(dial(addr)?, count),
+            "tcp-pong" => pong(accept(addr)?, count, false),
+            "tcp-ping" => ping(dial(addr)?, count, false),
+            "tcp-pong-spin" => pong(accept(addr)?, count, true),
+            "tcp-ping-spin" => ping(dial(addr)?, count, true),
             other => Err(format!("unknown baseline role '{other}'")),
         }
     }
@@ -443,22 +458,63 @@ pub mod tcp {
         Ok(())
     }
 
-    fn pong(mut s: TcpStream, count: u64) -> Result<(), String> {
-        let mut msg = [0u8; PING_BYTES];
-        for _ in 0..count + PING_WARMUP {
-            s.read_exact(&mut msg).map_err(|e| format!("baseline pong: {e}"))?;
-            s.write_all(&msg).map_err(|e| format!("baseline pong: {e}"))?;
+    /// Read exactly `buf.len()` bytes: blocking, or busy-polling a
+    /// non-blocking socket (`spin`).
+    fn read_full(s: &mut TcpStream, buf: &mut [u8], spin: bool) -> std::io::Result<()> {
+        if !spin {
+            return s.read_exact(buf);
+        }
+        let mut at = 0;
+        while at < buf.len() {
+            match s.read(&mut buf[at..]) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => at += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
 
-    fn ping(mut s: TcpStream, count: u64) -> Result<(), String> {
+    /// Write all of `buf` (a non-blocking socket may take it in parts).
+    fn write_full(s: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
+        let mut at = 0;
+        while at < buf.len() {
+            match s.write(&buf[at..]) {
+                Ok(n) => at += n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    std::hint::spin_loop()
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn pong(mut s: TcpStream, count: u64, spin: bool) -> Result<(), String> {
+        s.set_nonblocking(spin).map_err(|e| format!("baseline pong: {e}"))?;
+        let mut msg = [0u8; PING_BYTES];
+        for _ in 0..count + PING_WARMUP {
+            read_full(&mut s, &mut msg, spin).map_err(|e| format!("baseline pong: {e}"))?;
+            write_full(&mut s, &msg).map_err(|e| format!("baseline pong: {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn ping(mut s: TcpStream, count: u64, spin: bool) -> Result<(), String> {
+        s.set_nonblocking(spin).map_err(|e| format!("baseline ping: {e}"))?;
         let mut msg = [7u8; PING_BYTES];
         let mut h = Histogram::<u64>::new(3).expect("histogram");
         for i in 0..count + PING_WARMUP {
             let t = monotonic_ns();
-            s.write_all(&msg).map_err(|e| format!("baseline ping: {e}"))?;
-            s.read_exact(&mut msg).map_err(|e| format!("baseline ping: {e}"))?;
+            write_full(&mut s, &msg).map_err(|e| format!("baseline ping: {e}"))?;
+            read_full(&mut s, &mut msg, spin).map_err(|e| format!("baseline ping: {e}"))?;
             if i >= PING_WARMUP {
                 h.record((monotonic_ns() - t).max(1)).map_err(|e| e.to_string())?;
             }
