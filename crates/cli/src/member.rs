@@ -148,6 +148,10 @@ impl MemberSpec {
         if self.peer_timeout_ms > 0 {
             options.peer_timeout = Duration::from_millis(self.peer_timeout_ms);
         }
+        // A peer that cannot take a push for a quarter of the suspicion
+        // timeout is gone: otherwise one cut-off peer stalls this member's
+        // heartbeats to the others until they suspect it too.
+        options.send_stall_max = config.suspect_timeout / 4;
         Ok(options)
     }
 

@@ -236,6 +236,8 @@ fn open_tcp(args: &ViewMemberArgs, config: &GroupConfig) -> Result<TcpFabric, St
         args.group.as_bytes().to_vec(),
     );
     options.join_timeout = Duration::from_millis(args.join_timeout_ms);
+    // One stuck peer must not stall the heartbeats to the others.
+    options.send_stall_max = config.suspect_timeout / 4;
     // Wait at open only for the first view's other members; a joiner waits
     // for nobody (it is admitted once the group hears it: late joins are
     // accepted by the fabric's link thread).

@@ -320,10 +320,15 @@ fn three_members_in_three_namespaces_deliver_in_order_and_go_on_when_one_is_cut_
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // And they stay up: pushes to the cut-off member (its TCP send buffer
+    // full) must not stall their heartbeats to each other until they
+    // suspect each other (each alone would then be a minority).
+    std::thread::sleep(Duration::from_secs(8));
     for (id, child) in net.children.iter_mut().enumerate() {
         assert!(
             child.try_wait().ok().flatten().is_none(),
-            "member {id} stopped although a majority remained"
+            "member {id} stopped although a majority remained: {}",
+            std::fs::read_to_string(err_path(id)).unwrap_or_default()
         );
     }
 }

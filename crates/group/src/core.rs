@@ -341,7 +341,7 @@ impl<F: Fabric> GroupCore<F> {
 
     /// One bounded pass with every upcall: deliveries, view changes, and
     /// the snapshot a joiner gets (see [`Upcalls`]).
-    pub fn step_with<U: Upcalls>(&mut self, now_ns: u64, up: &mut U) -> Result<u32, GroupError> {
+    pub fn step_with<U: Upcalls + ?Sized>(&mut self, now_ns: u64, up: &mut U) -> Result<u32, GroupError> {
         self.mship.report_first_view(up);
         let mut work = 0u32;
         if self.smc_running() {
@@ -483,7 +483,7 @@ impl<F: Fabric> GroupCore<F> {
 
     // ---- 2. receive -------------------------------------------------------
 
-    fn receive<U: Upcalls>(&mut self, up: &mut U) -> Result<u32, GroupError> {
+    fn receive<U: Upcalls + ?Sized>(&mut self, up: &mut U) -> Result<u32, GroupError> {
         let mut work = 0u32;
         for i in 0..self.sender_ranks.len() {
             work += self.receive_from(i, up);
@@ -511,7 +511,7 @@ impl<F: Fabric> GroupCore<F> {
     }
 
     /// Drain sender `i` up to its guard. Returns slots consumed.
-    fn receive_from<U: Upcalls>(&mut self, i: usize, up: &mut U) -> u32 {
+    fn receive_from<U: Upcalls + ?Sized>(&mut self, i: usize, up: &mut U) -> u32 {
         let Some(base) = self.sender_ready(i) else {
             return 0;
         };
@@ -665,7 +665,7 @@ impl<F: Fabric> GroupCore<F> {
         stable
     }
 
-    fn deliver_stable<U: Upcalls>(&mut self, up: &mut U) -> Result<u32, GroupError> {
+    fn deliver_stable<U: Upcalls + ?Sized>(&mut self, up: &mut U) -> Result<u32, GroupError> {
         let skipped = self.release_received_skips();
         // Nothing received beyond what is delivered: no peer's frontier can
         // make anything deliverable, so do not pull their cache lines.
@@ -690,7 +690,7 @@ impl<F: Fabric> GroupCore<F> {
     /// Deliver in sequence order from `delivered_num` up to `end` (every
     /// seq below it received), stopping early after `bytes_budget` payload
     /// bytes. Returns the positions passed.
-    pub(crate) fn deliver_range<U: Upcalls>(
+    pub(crate) fn deliver_range<U: Upcalls + ?Sized>(
         &mut self,
         end: u64,
         bytes_budget: u64,
@@ -825,7 +825,9 @@ impl<F: Fabric> GroupCore<F> {
     }
 
     pub(crate) fn push_progress(&self) -> Result<(), FabricError> {
-        self.fabric.push(self.layout.progress_range(), self.peers)?;
+        // Not to suspected members: a cut-off peer must not hold up pushes.
+        let peers = PeerSet(self.peers.0 & !self.mship.suspected());
+        self.fabric.push(self.layout.progress_range(), peers)?;
         self.fabric.doorbell().ring();
         Ok(())
     }

@@ -45,7 +45,7 @@ impl Group<ShmFabric> {
     /// Join a running group on this host's shared memory as rank `rank`
     /// (a rank outside the current view: never started, or its member
     /// died or left), with `app` receiving the state snapshot.
-    pub fn join_running_shm<U: Upcalls>(
+    pub fn join_running_shm<U: Upcalls + ?Sized>(
         config: GroupConfig,
         rank: usize,
         app: &mut U,
@@ -93,7 +93,11 @@ impl<F: Fabric> Group<F> {
     /// Join a running group over an opened fabric (a rank outside the
     /// current view), waiting up to `join_timeout` to be admitted; `app`
     /// gets the state snapshot and the first view.
-    pub fn join_running<U: Upcalls>(fabric: Arc<F>, config: GroupConfig, app: &mut U) -> Result<Group<F>, GroupError> {
+    pub fn join_running<U: Upcalls + ?Sized>(
+        fabric: Arc<F>,
+        config: GroupConfig,
+        app: &mut U,
+    ) -> Result<Group<F>, GroupError> {
         config.validate()?;
         let rank = fabric.member_rank();
         let mut group = Group::start_join(fabric, config)?;
@@ -169,13 +173,13 @@ impl<F: Fabric> Group<F> {
     /// One progress pass with every upcall (deliveries, view changes,
     /// snapshots: see [`Upcalls`]).
     #[inline]
-    pub fn poll_with<U: Upcalls>(&mut self, app: &mut U) -> Result<u32, GroupError> {
+    pub fn poll_with<U: Upcalls + ?Sized>(&mut self, app: &mut U) -> Result<u32, GroupError> {
         self.core.step_with(monotonic_coarse_ns(), app)
     }
 
     /// [`Group::poll_with`], then the idle strategy if it found nothing.
     #[inline]
-    pub fn poll_with_or_idle<U: Upcalls>(&mut self, app: &mut U) -> Result<u32, GroupError> {
+    pub fn poll_with_or_idle<U: Upcalls + ?Sized>(&mut self, app: &mut U) -> Result<u32, GroupError> {
         let work = self.core.step_with(monotonic_coarse_ns(), app)?;
         self.idle(work);
         Ok(work)
@@ -189,7 +193,7 @@ impl<F: Fabric> Group<F> {
     /// Leave the group: ask for a view without this member and run the
     /// protocol until it is installed (deliveries up to the old view's
     /// end go to `app`).
-    pub fn leave<U: Upcalls>(&mut self, app: &mut U, timeout: Duration) -> Result<(), GroupError> {
+    pub fn leave<U: Upcalls + ?Sized>(&mut self, app: &mut U, timeout: Duration) -> Result<(), GroupError> {
         self.core.request_leave()?;
         let started = Instant::now();
         while !self.core.has_left() {
@@ -251,18 +255,32 @@ impl<F: Fabric> Group<F> {
     where
         H: FnMut(&Delivery<'_>) + Send + 'static,
     {
+        self.spawn_with(DeliverFn(handler))
+    }
+
+    /// [`Group::spawn`] with every upcall: deliveries, view changes and
+    /// snapshots go to `app` on the progress thread (a [`crate::Replicated`]
+    /// state machine, say).
+    pub fn spawn_with<U: Upcalls + Send + 'static>(self, app: U) -> GroupThread<F> {
         let idle = self.config.idle;
-        let agent = GroupAgent {
-            group: self,
-            handler: Box::new(handler),
-        };
+        let agent = GroupAgent::with_app(self, app);
         GroupThread {
             runner: AgentRunner::start(ThreadingMode::Dedicated, vec![agent], idle),
         }
     }
 }
 
-type Handler = Box<dyn FnMut(&Delivery<'_>) + Send>;
+/// A delivery closure as owned [`Upcalls`].
+struct DeliverFn<H>(H);
+
+impl<H: FnMut(&Delivery<'_>)> Upcalls for DeliverFn<H> {
+    #[inline(always)]
+    fn deliver(&mut self, d: &Delivery<'_>) {
+        (self.0)(d)
+    }
+}
+
+type Handler = Box<dyn Upcalls + Send>;
 
 /// Wait until every rank of the first view has joined the fabric.
 fn wait_joined(fabric: &dyn Fabric, config: &GroupConfig, initial: &[usize]) -> Result<(), GroupError> {
@@ -295,9 +313,14 @@ pub struct GroupAgent<F: Fabric> {
 
 impl<F: Fabric> GroupAgent<F> {
     pub fn new<H: FnMut(&Delivery<'_>) + Send + 'static>(group: Group<F>, handler: H) -> GroupAgent<F> {
+        GroupAgent::with_app(group, DeliverFn(handler))
+    }
+
+    /// An agent whose every upcall goes to `app`.
+    pub fn with_app<U: Upcalls + Send + 'static>(group: Group<F>, app: U) -> GroupAgent<F> {
         GroupAgent {
             group,
-            handler: Box::new(handler),
+            handler: Box::new(app),
         }
     }
 }
@@ -305,7 +328,7 @@ impl<F: Fabric> GroupAgent<F> {
 impl<F: Fabric> Agent for GroupAgent<F> {
     type Error = GroupError;
     fn do_work(&mut self, now_ns: u64) -> Result<u32, GroupError> {
-        self.group.core.step(now_ns, &mut self.handler)
+        self.group.core.step_with(now_ns, &mut *self.handler)
     }
     fn has_work(&self) -> bool {
         self.group.core.has_work()

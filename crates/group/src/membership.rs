@@ -161,9 +161,15 @@ impl MembershipState {
         self.wedged || self.joining || self.awaiting_snapshot.is_some()
     }
 
+    /// Ranks this member suspects in its current view.
+    #[inline(always)]
+    pub(crate) fn suspected(&self) -> u64 {
+        self.suspected
+    }
+
     /// Report the first view, before the first delivery of the first pass.
     #[inline(always)]
-    pub(crate) fn report_first_view<U: Upcalls>(&mut self, up: &mut U) {
+    pub(crate) fn report_first_view<U: Upcalls + ?Sized>(&mut self, up: &mut U) {
         if self.pending_upcall {
             self.pending_upcall = false;
             up.view_installed(&self.current);
@@ -230,9 +236,11 @@ impl<F: Fabric> GroupCore<F> {
             .store(value, Ordering::Release);
     }
 
-    /// Push both membership lines to every rank (joiners included).
+    /// Push both membership lines to every rank (joiners included) but the
+    /// ones this member suspects (a cut-off peer must not hold up pushes).
     fn push_membership(&self) -> Result<(), FabricError> {
-        self.fabric.push(self.layout.membership_range(), self.everyone)?;
+        let peers = PeerSet(self.everyone.0 & !self.mship.suspected);
+        self.fabric.push(self.layout.membership_range(), peers)?;
         self.fabric.doorbell().ring();
         Ok(())
     }
@@ -374,7 +382,7 @@ impl<F: Fabric> GroupCore<F> {
 
     /// One pass of the membership protocol. `timed`: a heartbeat interval
     /// has passed (detect failures and look for requests).
-    pub(crate) fn membership_step<U: Upcalls>(
+    pub(crate) fn membership_step<U: Upcalls + ?Sized>(
         &mut self,
         now_ns: u64,
         timed: bool,
@@ -646,7 +654,7 @@ impl<F: Fabric> GroupCore<F> {
 
     /// Install the next view `p`: ragged-edge cleanup, snapshot for the
     /// joiners, counters from zero, then the view-change upcall.
-    fn install<U: Upcalls>(&mut self, p: Proposal, up: &mut U) -> Result<(), GroupError> {
+    fn install<U: Upcalls + ?Sized>(&mut self, p: Proposal, up: &mut U) -> Result<(), GroupError> {
         let old_mask = self.view_mask;
         let staying = p.next_members & (1 << self.my_rank) != 0;
         let joiner = old_mask & (1 << self.my_rank) == 0;
@@ -731,7 +739,7 @@ impl<F: Fabric> GroupCore<F> {
         Ok(())
     }
 
-    fn write_snapshot<U: Upcalls>(&mut self, view: u64, up: &mut U) -> Result<(), GroupError> {
+    fn write_snapshot<U: Upcalls + ?Sized>(&mut self, view: u64, up: &mut U) -> Result<(), GroupError> {
         let mut buf = std::mem::take(&mut self.mship.snapshot_buf);
         buf.clear();
         up.snapshot(&mut buf);
@@ -760,7 +768,12 @@ impl<F: Fabric> GroupCore<F> {
     }
 
     /// A joiner in view `view` waits for its snapshot from `provider`.
-    fn receive_snapshot<U: Upcalls>(&mut self, view: u64, provider: usize, up: &mut U) -> Result<u32, GroupError> {
+    fn receive_snapshot<U: Upcalls + ?Sized>(
+        &mut self,
+        view: u64,
+        provider: usize,
+        up: &mut U,
+    ) -> Result<u32, GroupError> {
         if self.p_load(provider, P_SNAPSHOT_VIEW) != view + 1 {
             if self.fabric.lost_peers().contains(provider) {
                 return Err(GroupError::StateTransfer {
@@ -793,7 +806,7 @@ impl<F: Fabric> GroupCore<F> {
     }
 
     /// A joiner: wait for a committed view that includes it.
-    fn join_step<U: Upcalls>(&mut self, up: &mut U) -> Result<u32, GroupError> {
+    fn join_step<U: Upcalls + ?Sized>(&mut self, up: &mut U) -> Result<u32, GroupError> {
         let me = 1u64 << self.my_rank;
         let alive = self.fabric.joined().0 & !self.fabric.lost_peers().0 & self.everyone.0;
         for r in PeerSet(alive).iter() {

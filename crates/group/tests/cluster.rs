@@ -326,3 +326,104 @@ fn several_application_threads_send_at_once_without_loss_or_duplication() {
         "every message reached the peer once"
     );
 }
+
+/// A counter replicated by ordered delivery, recording the views it saw.
+#[derive(Default)]
+struct Counter {
+    sum: u64,
+    views: Vec<(u64, Vec<usize>)>,
+}
+
+impl spindle_group::StateMachine for Counter {
+    fn apply(&mut self, d: &spindle_group::Delivery<'_>) {
+        self.sum += d.payload[0] as u64;
+    }
+    fn snapshot(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.sum.to_le_bytes());
+    }
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        self.sum = u64::from_le_bytes(snapshot.try_into().map_err(|_| "8 bytes".to_string())?);
+        Ok(())
+    }
+    fn view_installed(&mut self, view: &spindle_group::View) {
+        self.views.push((view.id, view.members.clone()));
+    }
+}
+
+/// Shares a `Replicated<Counter>` between the progress thread and the test.
+struct Shared(std::sync::Arc<std::sync::Mutex<spindle_group::Replicated<Counter>>>);
+
+impl spindle_group::Upcalls for Shared {
+    fn deliver(&mut self, d: &spindle_group::Delivery<'_>) {
+        self.0.lock().unwrap().deliver(d);
+    }
+    fn view_installed(&mut self, view: &spindle_group::View) {
+        self.0.lock().unwrap().view_installed(view);
+    }
+    fn snapshot(&mut self, out: &mut Vec<u8>) {
+        self.0.lock().unwrap().snapshot(out);
+    }
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        self.0.lock().unwrap().restore(snapshot)
+    }
+}
+
+#[test]
+fn spawned_members_get_view_changes_and_survive_a_member_leaving_abruptly() {
+    let mut config = GroupConfig::new(&unique_name("spawned-views"), 3);
+    config.suspect_timeout = Duration::from_millis(300);
+    let groups: Vec<_> = (0..3)
+        .map(|r| {
+            let c = config.clone();
+            std::thread::spawn(move || Group::join_shm(c, r).unwrap())
+        })
+        .collect();
+    let mut groups: Vec<_> = groups.into_iter().map(|t| t.join().unwrap()).collect();
+    let gone = groups.pop().unwrap();
+    let states: Vec<_> = (0..2)
+        .map(|_| {
+            std::sync::Arc::new(std::sync::Mutex::new(
+                spindle_group::Replicated::new(Counter::default()),
+            ))
+        })
+        .collect();
+    let senders: Vec<_> = groups.iter().map(|g| g.sender().unwrap()).collect();
+    let threads: Vec<_> = groups
+        .into_iter()
+        .zip(&states)
+        .map(|(g, s)| g.spawn_with(Shared(s.clone())))
+        .collect();
+    // Member 2 goes away without finishing: its fabric's drop is a leave
+    // the others see, and they install a view without it.
+    drop(gone);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while states
+        .iter()
+        .any(|s| !s.lock().unwrap().state.views.iter().any(|(_, m)| m == &vec![0, 1]))
+    {
+        assert!(std::time::Instant::now() < deadline, "no view without member 2");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The survivors go on: 100 messages of value 1 from each.
+    for s in &senders {
+        for _ in 0..100 {
+            while s.send(&[1]).is_err() {
+                std::thread::yield_now();
+            }
+        }
+    }
+    while states.iter().any(|s| s.lock().unwrap().state.sum < 200) {
+        assert!(std::time::Instant::now() < deadline, "the survivors did not deliver");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for t in threads {
+        assert!(!t.has_failed());
+        let _ = t.stop();
+    }
+    for s in &states {
+        let s = s.lock().unwrap();
+        assert_eq!(s.state.sum, 200);
+        assert_eq!(s.state.views[0], (0, vec![0, 1, 2]));
+        assert_eq!(s.view.members, vec![0, 1]);
+    }
+}

@@ -65,6 +65,7 @@ pub struct Link {
     key: Vec<u8>,
     check_source_addr: bool,
     peer_timeout: Duration,
+    send_stall_max: Duration,
     row_len_bytes: usize,
     listener: TcpListener,
     hello: Hello,
@@ -91,6 +92,7 @@ impl Link {
             key: options.key.clone(),
             check_source_addr: options.check_source_addr,
             peer_timeout: options.peer_timeout,
+            send_stall_max: options.send_stall_max,
             row_len_bytes: hello.row_len_bytes as usize,
             listener,
             hello,
@@ -210,7 +212,7 @@ impl Link {
     /// Make `stream` the connection to `peer`: zero its row copy, install
     /// reader and writer, mark it Connected, wake local loops.
     fn install(&self, inner: &Inner, peer: usize, stream: TcpStream, session: Option<Session>) {
-        let read_half = match tune(&stream, self.peer_timeout).and_then(|_| stream.try_clone()) {
+        let read_half = match tune(&stream, self.peer_timeout, self.send_stall_max).and_then(|_| stream.try_clone()) {
             Ok(r) => r,
             Err(e) => {
                 note(inner, format!("set up the connection of member {peer}: {e}"));

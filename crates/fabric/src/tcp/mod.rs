@@ -116,6 +116,12 @@ pub struct TcpOptions {
     pub join_timeout: Duration,
     /// A peer that acknowledges nothing for this long is gone.
     pub peer_timeout: Duration,
+    /// The longest a push may wait for one peer's socket to take its bytes
+    /// (the send buffer full: the peer is cut off, stopped or far behind).
+    /// Past it the peer is declared gone, so that one stuck peer never
+    /// stalls the pushes to the others (and their heartbeats) for long.
+    /// Keep it well below the group's suspicion timeout.
+    pub send_stall_max: Duration,
     /// Coalesce pushes: small pushes (up to [`COALESCE_PUSH_BYTES_MAX`])
     /// are copied into a per-peer buffer and sent together at the next
     /// [`Doorbell::ring`] of this fabric's doorbell, the next large push,
@@ -158,6 +164,11 @@ pub struct TcpOptions {
     pub tls: Option<tls::TlsConfig>,
 }
 
+/// Default of [`TcpOptions::send_stall_max`]: no bound beyond
+/// `peer_timeout`. A group with membership sets it below its suspicion
+/// timeout (`spindle run` uses a quarter of it).
+pub const SEND_STALL_MAX_DEFAULT: Duration = Duration::MAX;
+
 /// Largest push that coalescing copies (larger ones go straight from the
 /// row, after the pending bytes, in the same `sendmsg`).
 pub const COALESCE_PUSH_BYTES_MAX: usize = 4096;
@@ -186,6 +197,7 @@ impl TcpOptions {
             key,
             join_timeout: Duration::from_secs(10),
             peer_timeout: Duration::from_secs(3),
+            send_stall_max: SEND_STALL_MAX_DEFAULT,
             coalesce: false,
             flush_on_ring: true,
             wait_for: None,
@@ -1041,7 +1053,7 @@ mod connect {
         }
         for (peer, s) in streams.iter().enumerate() {
             if let Some((s, _)) = s {
-                tune(s, options.peer_timeout)
+                tune(s, options.peer_timeout, options.send_stall_max)
                     .map_err(|e| FabricError::io(format!("set socket options for member {peer}"), e))?;
             }
         }
@@ -1340,12 +1352,14 @@ mod connect {
     }
 
     /// Data-phase socket options: no Nagle delay, blocking writes bounded
-    /// by the peer timeout, and keepalive/user timeout so a silent peer is
-    /// noticed within about `peer_timeout`.
-    pub(super) fn tune(stream: &TcpStream, peer_timeout: Duration) -> io::Result<()> {
+    /// by `send_stall_max` (a peer that cannot take a push for that long is
+    /// gone: one stuck peer must not stall the pusher's traffic to the
+    /// others), and keepalive/user timeout so a silent peer is noticed
+    /// within about `peer_timeout`.
+    pub(super) fn tune(stream: &TcpStream, peer_timeout: Duration, send_stall_max: Duration) -> io::Result<()> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(None)?;
-        stream.set_write_timeout(Some(peer_timeout))?;
+        stream.set_write_timeout(Some(send_stall_max.min(peer_timeout)))?;
         let fd = stream.as_raw_fd();
         let secs = peer_timeout.as_secs().clamp(1, 3600) as libc::c_int;
         let ms = peer_timeout.as_millis().min(u32::MAX as u128) as libc::c_uint;
