@@ -11,7 +11,7 @@ use spindle_sst::{monotonic_coarse_ns, Agent, AgentRunner, Idler, ThreadingMode}
 use crate::config::GroupConfig;
 use crate::core::{Delivery, GroupCore};
 use crate::layout::SmcLayout;
-use crate::membership::{Upcalls, View};
+use crate::membership::{DeliverOnly, Upcalls, View};
 use crate::sender::Sender;
 use crate::GroupError;
 
@@ -255,7 +255,7 @@ impl<F: Fabric> Group<F> {
     where
         H: FnMut(&Delivery<'_>) + Send + 'static,
     {
-        self.spawn_with(DeliverFn(handler))
+        self.spawn_with(DeliverOnly(handler))
     }
 
     /// [`Group::spawn`] with every upcall: deliveries, view changes and
@@ -267,16 +267,6 @@ impl<F: Fabric> Group<F> {
         GroupThread {
             runner: AgentRunner::start(ThreadingMode::Dedicated, vec![agent], idle),
         }
-    }
-}
-
-/// A delivery closure as owned [`Upcalls`].
-struct DeliverFn<H>(H);
-
-impl<H: FnMut(&Delivery<'_>)> Upcalls for DeliverFn<H> {
-    #[inline(always)]
-    fn deliver(&mut self, d: &Delivery<'_>) {
-        (self.0)(d)
     }
 }
 
@@ -313,7 +303,7 @@ pub struct GroupAgent<F: Fabric> {
 
 impl<F: Fabric> GroupAgent<F> {
     pub fn new<H: FnMut(&Delivery<'_>) + Send + 'static>(group: Group<F>, handler: H) -> GroupAgent<F> {
-        GroupAgent::with_app(group, DeliverFn(handler))
+        GroupAgent::with_app(group, DeliverOnly(handler))
     }
 
     /// An agent whose every upcall goes to `app`.

@@ -70,10 +70,10 @@ pub trait Upcalls {
     }
 }
 
-/// [`Upcalls`] for a delivery closure alone.
-pub struct DeliverOnly<'a, D>(pub &'a mut D);
+/// [`Upcalls`] for a delivery closure alone (owned, or `&mut` borrowed).
+pub struct DeliverOnly<D>(pub D);
 
-impl<D: FnMut(&Delivery<'_>)> Upcalls for DeliverOnly<'_, D> {
+impl<D: FnMut(&Delivery<'_>)> Upcalls for DeliverOnly<D> {
     #[inline(always)]
     fn deliver(&mut self, d: &Delivery<'_>) {
         (self.0)(d)
