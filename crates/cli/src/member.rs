@@ -142,7 +142,7 @@ impl MemberSpec {
                     .map_err(|e| e.to_string())?;
             options.tls = Some(tls);
         }
-        // Coalesce pushes; `drive` flushes once per progress pass.
+        // Coalesce pushes; every progress pass flushes them (`Fabric::flush`).
         options.coalesce = true;
         options.flush_on_ring = false;
         if self.peer_timeout_ms > 0 {
@@ -248,28 +248,20 @@ pub fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
     match spec.transport.as_str() {
         "" | "shm" => {
             let group = Group::join_shm(config, rank).map_err(|e| e.to_string())?;
-            drive(group, spec, rank, tally, |_| {})
+            drive(group, spec, rank, tally)
         }
         "tcp" => {
             let options = spec.tcp_options(&config)?;
             let fabric = TcpFabric::open(&options, rank).map_err(|e| e.to_string())?;
             let group = Group::join(Arc::new(fabric), config).map_err(|e| e.to_string())?;
-            drive(group, spec, rank, tally, |f: &TcpFabric| f.flush())
+            drive(group, spec, rank, tally)
         }
         other => Err(format!("unknown transport '{other}': expected shm or tcp")),
     }
 }
 
 /// Send this member's share and deliver everything, then write the results.
-/// `flush` runs after every progress pass (tcp: send the pass's coalesced
-/// pushes in one `sendmsg`).
-fn drive<F: Fabric>(
-    mut group: Group<F>,
-    spec: &MemberSpec,
-    rank: usize,
-    mut tally: Tally,
-    flush: impl Fn(&F),
-) -> Result<(), String> {
+fn drive<F: Fabric>(mut group: Group<F>, spec: &MemberSpec, rank: usize, mut tally: Tally) -> Result<(), String> {
     let senders = spec.senders.len() as u64;
     let total = spec.count * senders;
     let sender = group.sender();
@@ -326,8 +318,8 @@ fn drive<F: Fabric>(
     // On tcp a rate-limited sender waiting for its next send time parks on
     // the doorbell until then (a peer's progress wakes it at once); on shm
     // it keeps polling (counted as work) so the idle strategy never parks
-    // past it.
-    let park_until_send = spec.transport == "tcp";
+    // past it. A member told to spin (`--idle spin`) never parks.
+    let park_until_send = spec.transport == "tcp" && group.config().idle != IdleStrategy::BusySpin;
     loop {
         let mut app_work = 0u32;
         let mut wait_ns = 0u64;
@@ -357,7 +349,6 @@ fn drive<F: Fabric>(
             eprintln!("member {rank}: view {current_view} installed: members {members:?}");
             *pending_view.borrow_mut() = Some((current_view, members));
         }
-        flush(group.core().fabric());
         if wait_ns > 0 && work == 0 {
             let bell = group.core().fabric().doorbell();
             let ticket = bell.prepare_park();

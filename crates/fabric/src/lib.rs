@@ -178,6 +178,22 @@ pub trait Fabric: Send + Sync + 'static {
     fn doorbell(&self) -> &dyn doorbell::Doorbell;
     /// A short human description ("shm:/dev/shm/spindle-g1").
     fn describe(&self) -> String;
+    /// Bring in what the peers have pushed, on the calling thread and
+    /// without blocking; returns whether any row copy changed. A fabric
+    /// whose pushes land in the readers' memory directly (shm, sim) has
+    /// nothing to do. A fabric that copies rows (tcp) reads its sockets
+    /// here, so a thread that waits by spinning (a progress loop, a clock
+    /// exchange) sees a push without waiting for another thread to wake.
+    /// Cheap enough to call once per progress pass (one non-blocking
+    /// system call per peer on tcp).
+    fn receive_now(&self) -> bool {
+        false
+    }
+    /// Send the pushes this fabric has held back to batch them (tcp with
+    /// coalescing: one `sendmsg` per peer per progress pass). Pushes are
+    /// visible to the peers only after it; the group layer calls it at the
+    /// end of every pass. A fabric that sends at once does nothing.
+    fn flush(&self) {}
 }
 
 /// Wait until every member has joined, or fail with the missing ranks.

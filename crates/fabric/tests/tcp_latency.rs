@@ -30,21 +30,41 @@ fn spins_max() -> u32 {
 }
 const STALL_MAX: Duration = Duration::from_secs(30);
 
-/// Wait until word 0 of `rank`'s row reaches `want`: spin, then park.
-fn wait_for(f: &TcpFabric, rank: usize, want: u64, flush_each_pass: bool) {
+/// How a side waits for the other's push.
+#[derive(Clone, Copy, PartialEq)]
+enum Wait {
+    /// Spin a while, then park on the doorbell (the receive thread or
+    /// the park itself receives); flush each pass when coalescing.
+    SpinThenPark { coalesce: bool },
+    /// Spin, receiving on this thread (`Fabric::receive_now`) each pass,
+    /// like a group progress loop with `--idle spin`.
+    SpinReceiving,
+}
+
+/// Wait until word 0 of `rank`'s row reaches `want`.
+fn wait_for(f: &TcpFabric, rank: usize, want: u64, wait: Wait) {
     let started = Instant::now();
-    let mut spins = 0;
+    let mut spins = 0u64;
     let spins_max = spins_max();
     loop {
+        if wait == Wait::SpinReceiving {
+            f.receive_now();
+        }
         if f.row(rank).u64_at(0).load(Ordering::Acquire) >= want {
             return;
         }
-        assert!(started.elapsed() < STALL_MAX, "stalled at {want}");
-        if flush_each_pass {
+        spins += 1;
+        if spins.is_multiple_of(1024) {
+            assert!(started.elapsed() < STALL_MAX, "stalled at {want}");
+        }
+        if wait == Wait::SpinReceiving {
+            std::hint::spin_loop();
+            continue;
+        }
+        if wait == (Wait::SpinThenPark { coalesce: true }) {
             f.flush();
         }
-        spins += 1;
-        if spins < spins_max {
+        if spins < spins_max as u64 {
             std::hint::spin_loop();
             continue;
         }
@@ -63,7 +83,8 @@ fn percentile(v: &mut [u64], p: f64) -> u64 {
     v[((v.len() - 1) as f64 * p) as usize]
 }
 
-fn fabric_round_trips(coalesce: bool) -> Vec<u64> {
+fn fabric_round_trips(wait: Wait) -> Vec<u64> {
+    let coalesce = wait != (Wait::SpinThenPark { coalesce: false });
     let ls: Vec<TcpListener> = (0..2)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
         .collect();
@@ -81,7 +102,7 @@ fn fabric_round_trips(coalesce: bool) -> Vec<u64> {
     std::thread::scope(|s| {
         s.spawn(|| {
             for i in 1..=ROUNDS + WARMUP {
-                wait_for(&f1, 0, i, coalesce);
+                wait_for(&f1, 0, i, wait);
                 f1.row(1).u64_at(0).store(i, Ordering::Release);
                 f1.push(0..8, PeerSet(1)).expect("push");
                 if coalesce {
@@ -97,7 +118,7 @@ fn fabric_round_trips(coalesce: bool) -> Vec<u64> {
             if coalesce {
                 f0.flush();
             }
-            wait_for(&f0, 1, i, coalesce);
+            wait_for(&f0, 1, i, wait);
             if i > WARMUP {
                 rtts.push(t.elapsed().as_nanos() as u64);
             }
@@ -106,16 +127,35 @@ fn fabric_round_trips(coalesce: bool) -> Vec<u64> {
     })
 }
 
-fn raw_round_trips() -> Vec<u64> {
+/// Read exactly `b.len()` bytes: blocking, or by spinning on
+/// non-blocking reads.
+fn read_all(c: &mut TcpStream, b: &mut [u8], spin: bool) {
+    if !spin {
+        c.read_exact(b).expect("read");
+        return;
+    }
+    let mut got = 0;
+    while got < b.len() {
+        match c.read(&mut b[got..]) {
+            Ok(0) => panic!("peer closed"),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+fn raw_round_trips(spin: bool) -> Vec<u64> {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().expect("addr");
     std::thread::scope(|s| {
         s.spawn(move || {
             let (mut c, _) = l.accept().expect("accept");
             c.set_nodelay(true).expect("nodelay");
+            c.set_nonblocking(spin).expect("nonblocking");
             let mut b = [0u8; 32];
             for _ in 0..ROUNDS + WARMUP {
-                c.read_exact(&mut b).expect("read");
+                read_all(&mut c, &mut b, spin);
                 c.write_all(&b).expect("write");
             }
         });
@@ -126,7 +166,9 @@ fn raw_round_trips() -> Vec<u64> {
         for i in 0..ROUNDS + WARMUP {
             let t = Instant::now();
             c.write_all(&b).expect("write");
-            c.read_exact(&mut b).expect("read");
+            c.set_nonblocking(spin).expect("nonblocking");
+            read_all(&mut c, &mut b, spin);
+            c.set_nonblocking(false).expect("blocking");
             if i >= WARMUP {
                 rtts.push(t.elapsed().as_nanos() as u64);
             }
@@ -141,9 +183,20 @@ fn raw_round_trips() -> Vec<u64> {
 #[test]
 fn fabric_round_trip_next_to_a_raw_tcp_ping_pong() {
     for (name, mut v) in [
-        ("raw TCP ping-pong (threads)", raw_round_trips()),
-        ("tcp fabric, push per send", fabric_round_trips(false)),
-        ("tcp fabric, coalesced + flush per pass", fabric_round_trips(true)),
+        ("raw TCP ping-pong (threads)", raw_round_trips(false)),
+        (
+            "tcp fabric, push per send",
+            fabric_round_trips(Wait::SpinThenPark { coalesce: false }),
+        ),
+        (
+            "tcp fabric, coalesced + flush per pass",
+            fabric_round_trips(Wait::SpinThenPark { coalesce: true }),
+        ),
+        ("raw TCP ping-pong, busy-polling reads", raw_round_trips(true)),
+        (
+            "tcp fabric, spinning on receive_now",
+            fabric_round_trips(Wait::SpinReceiving),
+        ),
     ] {
         assert_eq!(v.len(), ROUNDS as usize, "{name}: every round trip completes");
         let p50 = percentile(&mut v, 0.5);

@@ -116,6 +116,9 @@ pub struct GroupCore<F: Fabric> {
     pub(crate) recv_slots: Vec<u64>,
     pub(crate) recv_msgs: Vec<u64>,
     pub(crate) deliver_slots: Vec<u64>,
+    /// `deliver_slots` as of the last progress push of a pass that only
+    /// delivered (see `release_urgent`).
+    released_pushed: Vec<u64>,
     pub(crate) delivered_num: u64,
     pub(crate) received_frontier: u64,
     null_target: u64,
@@ -189,6 +192,7 @@ impl<F: Fabric> GroupCore<F> {
             recv_slots: Vec::new(),
             recv_msgs: Vec::new(),
             deliver_slots: Vec::new(),
+            released_pushed: Vec::new(),
             delivered_num: 0,
             received_frontier: 0,
             null_target: 0,
@@ -232,6 +236,7 @@ impl<F: Fabric> GroupCore<F> {
         self.recv_slots = vec![0; senders];
         self.recv_msgs = vec![0; senders];
         self.deliver_slots = vec![0; senders];
+        self.released_pushed = vec![0; senders];
         self.delivered_num = 0;
         self.received_frontier = 0;
         self.null_target = 0;
@@ -344,26 +349,38 @@ impl<F: Fabric> GroupCore<F> {
     pub fn step_with<U: Upcalls + ?Sized>(&mut self, now_ns: u64, up: &mut U) -> Result<u32, GroupError> {
         self.mship.report_first_view(up);
         let mut work = 0u32;
-        if self.smc_running() {
-            if self.my_sender_index.is_some() {
-                work += self.publish()?;
-            }
-            let received = self.receive(up)?;
-            work += received;
+        let smc_running = self.smc_running();
+        if smc_running && self.my_sender_index.is_some() {
+            work += self.publish()?;
+        }
+        // Fabrics that copy rows (tcp) bring in what arrived, on this
+        // thread: a spinning loop needs no other thread to wake. After
+        // publishing, so that a new message is not held up by it.
+        self.fabric.receive_now();
+        if smc_running {
+            work += self.receive(up)?;
             if self.my_sender_index.is_some() && self.send_nulls_if_blocking() {
                 work += self.publish()?;
             }
-            if self.mode == DeliveryMode::Ordered {
-                work += self.deliver_stable(up)?;
-            }
+            let delivered = if self.mode == DeliveryMode::Ordered {
+                self.deliver_stable(up)?
+            } else {
+                0
+            };
             if let Some(si) = self.my_sender_index {
                 self.update_flow_limit(si);
             }
-            if work > 0 {
-                // Receiver and delivery batching: counters stored as they
-                // moved, published once per pass.
+            // Receiver and delivery batching: counters stored as they
+            // moved, published once per pass. A pass that only delivered
+            // publishes its releases lazily (with the next push, the
+            // heartbeat, or once a sender's window needs them): nobody
+            // waits for a delivery count, and on tcp a push that the peer
+            // does not answer costs its next round trip a bare ACK.
+            if work > 0 || (delivered > 0 && self.release_urgent()) {
                 self.push_progress()?;
+                self.released_pushed.copy_from_slice(&self.deliver_slots);
             }
+            work += delivered;
         }
         self.counters.add(counters::STEPS, 1);
         let timed = now_ns.saturating_sub(self.last_peer_check_ns) >= self.peer_check_interval_ns;
@@ -384,7 +401,23 @@ impl<F: Fabric> GroupCore<F> {
         if work > 0 || timed {
             self.flush_counters();
         }
+        // The pass's pushes, batched by fabrics that coalesce (tcp: one
+        // `sendmsg` per peer per pass).
+        self.fabric.flush();
         Ok(work)
+    }
+
+    /// Whether some sender may soon wait for this member's releases: it
+    /// has at least half a window of slots that this member received but
+    /// has not yet told it were released. (A sender blocked on its window
+    /// has a whole window past the releases it saw, so this member gets
+    /// there before it blocks: flow control never waits for the lazy
+    /// push.)
+    fn release_urgent(&self) -> bool {
+        let half_window = self.layout.window_slots as u64 / 2;
+        (0..self.deliver_slots.len()).any(|i| {
+            Some(i) != self.my_sender_index && self.recv_slots[i].saturating_sub(self.released_pushed[i]) >= half_window
+        })
     }
 
     /// Whether the SMC runs this pass: in a view, not wedged, own

@@ -304,6 +304,10 @@ pub(crate) struct Inner {
     /// (one wake-up per arrival, not two); a busy loop that never parks
     /// leaves the receiving to the receive thread, in parallel.
     parks: std::sync::atomic::AtomicU64,
+    /// Calls of [`Fabric::receive_now`] (by any thread). While it moves,
+    /// a loop receives on its own thread each pass, and the receive
+    /// thread naps, as for `parks`.
+    driven: std::sync::atomic::AtomicU64,
 }
 
 /// One peer's send side: the socket and the pushes copied since the last
@@ -728,6 +732,7 @@ impl TcpFabric {
             wake_fd,
             sleepers: std::sync::atomic::AtomicU32::new(0),
             parks: std::sync::atomic::AtomicU64::new(0),
+            driven: std::sync::atomic::AtomicU64::new(0),
         });
         let mut fabric = TcpFabric {
             rank,
@@ -769,13 +774,6 @@ impl TcpFabric {
     /// The state of the connection to `rank`, and why it closed.
     pub fn peer_status(&self, rank: usize) -> (PeerStatus, Option<String>) {
         (self.inner.status(rank), self.inner.why(rank))
-    }
-
-    /// Send the pushes coalesced so far (see [`TcpOptions::coalesce`]).
-    /// It does not receive: a receive per pass (a `poll` system call each)
-    /// made spinning loops slower on a 2-core machine, not faster.
-    pub fn flush(&self) {
-        self.inner.flush_all();
     }
 
     /// Send one push (already range-checked) to one peer: copied into the
@@ -953,6 +951,19 @@ impl Fabric for TcpFabric {
 
     fn doorbell(&self) -> &dyn Doorbell {
         &*self.inner
+    }
+
+    /// One non-blocking `recv` per open peer on the calling thread (no
+    /// `poll`), skipped if another thread is receiving. While loops call
+    /// it, the receive thread naps ([`recv::run`]): one receiver per
+    /// arrival, and no lock contention between the two.
+    fn receive_now(&self) -> bool {
+        recv::receive_now(&self.inner)
+    }
+
+    /// Send the pushes coalesced so far (see [`TcpOptions::coalesce`]).
+    fn flush(&self) {
+        self.inner.flush_all();
     }
 
     fn describe(&self) -> String {

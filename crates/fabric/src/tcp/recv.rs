@@ -147,15 +147,19 @@ pub fn run(inner: Arc<Inner>) {
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(inner.rx_fds.len());
     let mut order: Vec<usize> = Vec::with_capacity(inner.rx_fds.len());
     let mut parks_seen = inner.parks.load(Ordering::Relaxed);
+    let mut driven_seen = inner.driven.load(Ordering::Relaxed);
     while !inner.stop.load(Ordering::Acquire) {
         let parks = inner.parks.load(Ordering::Relaxed);
-        if inner.sleepers.load(Ordering::SeqCst) > 0 || parks != parks_seen {
+        let driven = inner.driven.load(Ordering::Relaxed);
+        if inner.sleepers.load(Ordering::SeqCst) > 0 || parks != parks_seen || driven != driven_seen {
             // A progress thread is parked in `park`, polling the same
-            // sockets, or parked since our last look (it will again): it
-            // receives, and this thread stays out of its way (one wake-up
-            // per arrival, not two, on a machine with few cores). Nobody
-            // unparks us: we look again after a short nap.
+            // sockets, or parked or received (`receive_now`) since our
+            // last look (it will again): it receives, and this thread
+            // stays out of its way (one wake-up per arrival, not two, on a
+            // machine with few cores; no contention for the receive
+            // state). Nobody unparks us: we look again after a short nap.
             parks_seen = parks;
+            driven_seen = driven;
             std::thread::park_timeout(std::time::Duration::from_micros(RECV_NAP_US));
             continue;
         }
@@ -269,6 +273,34 @@ pub fn try_receive(inner: &Inner) -> bool {
     };
     let ready = |rank: usize| (0..n).any(|k| order[k] == rank && fds[k].revents != 0);
     let changed = rx.drain(inner, ready);
+    drop(rx);
+    if changed {
+        // Partner: loads by this very thread; the fence orders the applied
+        // words before whatever the caller reads next.
+        fence(Ordering::Acquire);
+        // Other threads parked on this fabric may wait for what we took
+        // off their sockets.
+        inner.wake_local();
+    }
+    changed
+}
+
+/// Receive on the calling thread without blocking and without `poll`:
+/// one `recv` per open peer (the common case of a spinning loop finds
+/// nothing, and a `poll` first would be a second system call). Skipped
+/// when another thread holds the receive state. Returns whether anything
+/// changed. See [`crate::Fabric::receive_now`].
+pub fn receive_now(inner: &Inner) -> bool {
+    let open = inner.open_mask.load(Ordering::Acquire);
+    if open == 0 {
+        return false;
+    }
+    // Tells the receive thread to nap (see `run`).
+    inner.driven.fetch_add(1, Ordering::Relaxed);
+    let Ok(mut rx) = inner.rx.try_lock() else {
+        return false;
+    };
+    let changed = rx.drain(inner, |rank| open & (1 << rank) != 0);
     drop(rx);
     if changed {
         // Partner: loads by this very thread; the fence orders the applied
