@@ -483,9 +483,27 @@ impl<F: Fabric> GroupCore<F> {
         }
         let guard = self.layout.guard.offset();
         if self.batching {
-            // Sender batching: one push of all slots, then one guard update.
-            for r in self.layout.ring_ranges(from, from + n) {
-                if !r.is_empty() {
+            // Sender batching: one push of all slots (only the bytes they
+            // use: a short message in a long slot sends its header and
+            // payload, not the slot), then one guard update.
+            let ranges = self.layout.ring_ranges(from, from + n);
+            let span_bytes: usize = ranges.iter().map(|r| r.len()).sum();
+            let used_bytes: usize = (from..from + n).map(|p| self.slot_used_bytes(p)).sum();
+            if used_bytes * 2 < span_bytes {
+                for p in from..from + n {
+                    let off = self.layout.slot_offset(p);
+                    self.fabric.push(off..off + self.slot_used_bytes(p), self.peers)?;
+                }
+            } else {
+                let last = from + n - 1;
+                let last_end = self.layout.slot_offset(last) + self.slot_used_bytes(last);
+                for mut r in ranges {
+                    if r.is_empty() {
+                        continue;
+                    }
+                    if r.contains(&(last_end - 1)) {
+                        r.end = last_end;
+                    }
                     self.fabric.push(r, self.peers)?;
                 }
             }
@@ -495,11 +513,8 @@ impl<F: Fabric> GroupCore<F> {
             self.counters.add(counters::PUBLISH_BATCHES, 1);
         } else {
             for p in from..from + n {
-                for r in self.layout.ring_ranges(p, p + 1) {
-                    if !r.is_empty() {
-                        self.fabric.push(r, self.peers)?;
-                    }
-                }
+                let off = self.layout.slot_offset(p);
+                self.fabric.push(off..off + self.slot_used_bytes(p), self.peers)?;
                 // Partner: the Acquire load of the guard in `receive_from`.
                 me.u64_at(guard).store(p + 1 - self.my_base, Ordering::Release);
                 self.fabric.push(guard..guard + 8, self.peers)?;
@@ -512,6 +527,16 @@ impl<F: Fabric> GroupCore<F> {
         self.counters.add(counters::SENT_BYTES, data_bytes);
         self.fabric.doorbell().ring();
         Ok(n as u32)
+    }
+
+    /// Bytes of own slot `p` that carry something: the header and the
+    /// payload (a null or a skipped slot: the header; the length is
+    /// clamped, so a stale one never reaches past the slot).
+    #[inline]
+    fn slot_used_bytes(&self, p: u64) -> usize {
+        let off = self.layout.slot_offset(p);
+        let len = self.row(self.my_rank).u32_at(off + 12).load(Ordering::Relaxed) as usize;
+        SLOT_HEADER_BYTES + len.min(self.layout.slot_stride - SLOT_HEADER_BYTES)
     }
 
     // ---- 2. receive -------------------------------------------------------

@@ -29,6 +29,9 @@ const READS_PER_PEER_MAX: usize = 8;
 /// the sockets or drives the fabric (it receives then): also how soon the
 /// receive thread takes over when the loop stops driving.
 const RECV_NAP_US: u64 = 500;
+/// The longest nap while loops keep receiving on their own threads
+/// ([`receive_now`]): how long frames may wait once every loop stops.
+const RECV_NAP_DRIVEN_MAX_US: u64 = 8_000;
 /// Longest single park (the caller's timeout is capped to it).
 const PARK_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 /// How often a blocked `poll` looks at the stop flag.
@@ -148,18 +151,29 @@ pub fn run(inner: Arc<Inner>) {
     let mut order: Vec<usize> = Vec::with_capacity(inner.rx_fds.len());
     let mut parks_seen = inner.parks.load(Ordering::Relaxed);
     let mut driven_seen = inner.driven.load(Ordering::Relaxed);
+    let mut nap_us = RECV_NAP_US;
     while !inner.stop.load(Ordering::Acquire) {
         let parks = inner.parks.load(Ordering::Relaxed);
         let driven = inner.driven.load(Ordering::Relaxed);
-        if inner.sleepers.load(Ordering::SeqCst) > 0 || parks != parks_seen || driven != driven_seen {
-            // A progress thread is parked in `park`, polling the same
-            // sockets, or parked or received (`receive_now`) since our
-            // last look (it will again): it receives, and this thread
-            // stays out of its way (one wake-up per arrival, not two, on a
-            // machine with few cores; no contention for the receive
-            // state). Nobody unparks us: we look again after a short nap.
-            parks_seen = parks;
+        if driven != driven_seen {
+            // A loop receives on its own thread every pass (a spinning
+            // loop may never park): nap longer each time it still does, so
+            // that this thread's wake-ups do not take the core from it.
             driven_seen = driven;
+            parks_seen = parks;
+            std::thread::park_timeout(std::time::Duration::from_micros(nap_us));
+            nap_us = (nap_us * 2).min(RECV_NAP_DRIVEN_MAX_US);
+            continue;
+        }
+        nap_us = RECV_NAP_US;
+        if inner.sleepers.load(Ordering::SeqCst) > 0 || parks != parks_seen {
+            // A progress thread is parked in `park`, polling the same
+            // sockets, or parked since our last look (it will again): it
+            // receives, and this thread stays out of its way (one wake-up
+            // per arrival, not two, on a machine with few cores; no
+            // contention for the receive state). Nobody unparks us: we
+            // look again after a short nap.
+            parks_seen = parks;
             std::thread::park_timeout(std::time::Duration::from_micros(RECV_NAP_US));
             continue;
         }
