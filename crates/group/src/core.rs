@@ -13,9 +13,12 @@
 //!
 //! 1. **publish** (sender batching): every slot the application committed
 //!    since the last pass gets its message index; then one push of the
-//!    slots and one guard update publish them all.
-//! 2. **receive** (receiver batching): for each sender, drain every slot up
-//!    to its guard, then store `received_num` and `received_frontier` once.
+//!    slots (the bytes they use: header and payload) and one guard update
+//!    publish them all.
+//! 2. **receive** (receiver batching): the fabric brings in what arrived
+//!    ([`Fabric::receive_now`]; tcp reads its sockets on this thread), then
+//!    for each sender, drain every slot up to its guard, then store
+//!    `received_num` and `received_frontier` once.
 //! 3. **nulls**: a sender with nothing in flight that is behind the
 //!    round-robin order (others' messages wait for its indices) publishes
 //!    one slot carrying a run of nulls.
@@ -25,6 +28,10 @@
 //!    once; unordered mode delivers in step 2.
 //! 5. **flow control**: raise the send ring's limit to the slowest
 //!    member's released slot + window.
+//! 6. **progress push**: the counters go to the peers once per pass that
+//!    published or received; a pass that only delivered pushes them
+//!    lazily (see `release_urgent`). Then [`Fabric::flush`] sends the
+//!    pass's pushes (tcp with coalescing: one `sendmsg` per peer).
 //!
 //! Total order: message `index` of the sender at position `r` in the
 //! view's sender list has sequence number `seq = index × senders + r`.

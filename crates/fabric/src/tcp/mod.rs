@@ -28,15 +28,24 @@
 //! - **Threads**: the caller's thread pushes: one `sendmsg` per push and
 //!   peer (headers and row bytes gathered without a copy), or, with
 //!   [`TcpOptions::coalesce`], one per progress pass (small pushes copied
-//!   into a per-peer buffer, flushed at a doorbell ring or an explicit
-//!   [`TcpFabric::flush`]). One receive thread per process serves every
-//!   peer with `poll` ([`recv`]); a progress loop parked on the doorbell
-//!   polls the same sockets (`ppoll`, nanosecond timeout) and receives
-//!   itself, so a frame wakes it directly, and it takes what has arrived
-//!   before it parks; while a loop parks (or has parked since the receive
-//!   thread last looked), the receive thread naps. The receive thread never
-//!   sends (it can never block on a full socket while its peer waits for
-//!   it to read). The link thread makes late connections (above).
+//!   into a per-peer buffer, flushed at a doorbell ring or by
+//!   [`Fabric::flush`], which the group layer calls at the end of every
+//!   pass). Receiving happens on whichever thread waits for it:
+//!   - a progress loop receives on its own thread at every pass
+//!     ([`Fabric::receive_now`]: one non-blocking `recv` per peer, no
+//!     `poll`), so a spinning loop sees a frame without any other thread
+//!     waking, like a busy-polling reader of a raw socket;
+//!   - a loop parked on the doorbell polls the same sockets (`ppoll`,
+//!     nanosecond timeout) and receives itself, so a frame wakes it
+//!     directly, and it takes what has arrived before it parks;
+//!   - one receive thread per process serves every peer with `poll`
+//!     ([`recv`]) when no loop does: while loops receive or park, it naps
+//!     (longer and longer, up to 8 ms, while they keep receiving), so it
+//!     never takes a core from them.
+//!
+//!   The receive thread never sends (it can never block on a full socket
+//!   while its peer waits for it to read). The link thread makes late
+//!   connections (above).
 //! - **TLS** (optional, [`TcpOptions::tls`], [`tls`]): each connection
 //!   runs a rustls handshake with mutual authentication against the
 //!   group's CA first, then the group-key handshake and every frame inside
@@ -955,7 +964,7 @@ impl Fabric for TcpFabric {
 
     /// One non-blocking `recv` per open peer on the calling thread (no
     /// `poll`), skipped if another thread is receiving. While loops call
-    /// it, the receive thread naps ([`recv::run`]): one receiver per
+    /// it, the receive thread naps (`recv::run`): one receiver per
     /// arrival, and no lock contention between the two.
     fn receive_now(&self) -> bool {
         recv::receive_now(&self.inner)
