@@ -338,6 +338,36 @@ impl Harness for TlsTcpHarness {
 
 conformance_suite!(tcp_tls, TlsTcpHarness);
 
+/// The tcp fabric with a payload region (`TcpOptions::payload_region`)
+/// over the data bytes of scenario (a): there the reader reads them only
+/// behind the guard and the writer rewrites them only after the reader's
+/// acknowledgement, which is the region's contract (the other scenarios
+/// read data words without a guard, so only (a) runs here). Frames into
+/// the region are applied with one memory copy; the guard must still make
+/// every byte visible.
+pub struct PayloadRegionTcpHarness(TcpHarness);
+
+impl Harness for PayloadRegionTcpHarness {
+    type Fabric = TcpFabric;
+
+    const PUSH_CHECKS_RANGE_IN_RELEASE: bool = true;
+
+    fn new_group(test: &str, member_count: usize, row_len_bytes: usize) -> PayloadRegionTcpHarness {
+        let mut h = TcpHarness::new_group(test, member_count, row_len_bytes);
+        h.options.payload_region = Some(DATA..DATA + DATA_BYTES);
+        PayloadRegionTcpHarness(h)
+    }
+
+    fn open(&self, rank: usize) -> TcpFabric {
+        self.0.open(rank)
+    }
+}
+
+#[test]
+fn tcp_payload_region_guard_makes_data_visible() {
+    suite::guard_makes_data_visible::<PayloadRegionTcpHarness>();
+}
+
 /// The simulated fabric in its threaded mode: one world per scenario and a
 /// pump thread that delivers every push after a random delay (up to 5
 /// rounds of 1 µs simulated), cut into up to 4 chunks that arrive in any

@@ -300,6 +300,14 @@ impl SmcLayout {
         self.received_frontier.offset()..self.released_slots.range().end
     }
 
+    /// The slot ring's bytes in a row: read only behind the sender's guard
+    /// and rewritten only after every member released the slot, so a
+    /// fabric that copies rows may write them with plain copies
+    /// (`TcpOptions::payload_region`).
+    pub fn payload_region(&self) -> std::ops::Range<usize> {
+        self.ring.offset()..self.ring.offset() + self.ring.len()
+    }
+
     /// Ring byte ranges covering slot positions `from..to` (at most two:
     /// the ring wraps).
     pub fn ring_ranges(&self, from: u64, to: u64) -> [std::ops::Range<usize>; 2] {

@@ -134,18 +134,28 @@ pub struct TcpOptions {
     /// Coalesce pushes: small pushes (up to [`COALESCE_PUSH_BYTES_MAX`])
     /// are copied into a per-peer buffer and sent together at the next
     /// [`Doorbell::ring`] of this fabric's doorbell, the next large push,
-    /// [`TcpFabric::flush`], a park on the doorbell, or when the buffer
+    /// [`Fabric::flush`], a park on the doorbell, or when the buffer
     /// fills. One `sendmsg` per progress pass instead of one per push. For
     /// users that ring (or flush) after their pushes, as the group layer
     /// does: nothing else sends them. Off by default (every push is sent
     /// at once).
     pub coalesce: bool,
     /// With `coalesce`: whether a doorbell ring flushes. Off, pushes go out
-    /// only at [`TcpFabric::flush`], before a park, when the buffer fills
+    /// only at [`Fabric::flush`], before a park, when the buffer fills
     /// or with a large push: for a caller that flushes once per progress
-    /// pass (the bench and `spindle run` do), one `sendmsg` per pass
-    /// however many times the layer above rings. On by default.
+    /// pass (the group layer does), one `sendmsg` per pass however many
+    /// times the layer above rings. On by default.
     pub flush_on_ring: bool,
+    /// A byte range of every row that the layer above reads only behind a
+    /// guard (after an `Acquire` load of a word pushed after the bytes)
+    /// and never while its owner may rewrite it: the group layer's slot
+    /// ring, whose slots are read after their sender's guard and rewritten
+    /// only once every member released them. Frames that fall inside it
+    /// are copied into the row copy with a plain memory copy instead of
+    /// word-by-word atomic stores (the receiver's one copy of every
+    /// payload byte, at memory speed). `None` (the default): every byte
+    /// is stored atomically.
+    pub payload_region: Option<Range<usize>>,
     /// The peers [`TcpFabric::open`] waits for (`None`: every peer, the
     /// default). The others may connect later: a member that starts late,
     /// or a restarted process taking a lost member's rank. Until then
@@ -209,6 +219,7 @@ impl TcpOptions {
             send_stall_max: SEND_STALL_MAX_DEFAULT,
             coalesce: false,
             flush_on_ring: true,
+            payload_region: None,
             wait_for: None,
             check_source_addr: true,
             stat_dir: None,
@@ -291,6 +302,8 @@ pub(crate) struct Inner {
     writers: Vec<Option<Mutex<PeerWriter>>>,
     coalesce: bool,
     flush_on_ring: bool,
+    /// [`TcpOptions::payload_region`] (empty: none).
+    payload_region: Range<usize>,
     /// The receive state; see [`recv::Rx`].
     rx: Mutex<recv::Rx>,
     /// The peers' sockets by rank (-1: none yet), and which are open
@@ -733,6 +746,7 @@ impl TcpFabric {
             writers,
             coalesce: options.coalesce,
             flush_on_ring: options.flush_on_ring,
+            payload_region: options.payload_region.clone().unwrap_or(0..0),
             rx: Mutex::new(recv::Rx::new(readers)),
             rx_fds,
             open_mask: std::sync::atomic::AtomicU64::new(open_mask),

@@ -424,13 +424,26 @@ fn zero_row(inner: &Inner, rank: usize) {
     fence(Ordering::Release);
 }
 
-/// Write `bytes` at `offset` of `rank`'s row copy with atomic stores.
+/// Write `bytes` at `offset` of `rank`'s row copy: with atomic stores, or
+/// with one memory copy inside the payload region.
 fn apply(inner: &Inner, rank: usize, offset: usize, bytes: &[u8]) {
     let row = inner.row_ptr(rank);
     debug_assert!(
         offset + bytes.len() <= inner.row_len_bytes,
         "decoder checked the bounds"
     );
+    let region = &inner.payload_region;
+    if offset >= region.start && offset + bytes.len() <= region.end {
+        // SAFETY: the range lies inside the row copy (bounds checked by
+        // the decoder) and does not overlap `bytes` (the read buffer). No
+        // thread reads these bytes meanwhile: the payload region's
+        // contract (`TcpOptions::payload_region`) is that readers read it
+        // only behind a guard that this peer pushes after these bytes
+        // (applied later, after the Release fence at its frame's start)
+        // and never while its owner may rewrite it.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), row.add(offset), bytes.len()) };
+        return;
+    }
     let mut i = 0;
     // Odd bytes up to the first aligned word.
     while i < bytes.len() && !(offset + i).is_multiple_of(8) {
