@@ -5,11 +5,15 @@
 //! cargo test --release -p spindle-fabric --test tcp_latency -- --nocapture
 //! ```
 //!
-//! Member 0 stores a counter and pushes it; member 1 waits for it (spin,
-//! then park on the doorbell, like the group layer's `park` idle
-//! strategy) and pushes it back; member 0 waits the same way. The same
-//! two wake-ups and two sends as a raw TCP ping-pong, measured next to
-//! one in the same run, so the difference is the fabric's own cost.
+//! Member 0 stores a counter and pushes it; member 1 waits for it and
+//! pushes it back; member 0 waits the same way. Two ways to wait, each
+//! next to the raw TCP ping-pong that waits the same way, in the same
+//! run, so the difference is the fabric's own cost:
+//! - spin, then park on the doorbell (the group layer's `park` idle
+//!   strategy), against blocking reads: two wake-ups and two sends;
+//! - spin, receiving on the waiting thread (`Fabric::receive_now`, the
+//!   group layer's `spin` idle strategy on tcp), against busy-polling
+//!   non-blocking reads: no wake-up at all.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
