@@ -50,6 +50,12 @@ fn ring_runs_and_reports_the_documented_keys() {
         "the 9 tasks of the ring are printed and recorded"
     );
     assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+    // Without --spin-us every node tunes its spin window and says so.
+    for n in v["nodes"].as_array().unwrap() {
+        assert_eq!(n["spin"]["auto"], true, "{n}");
+        assert!(n["spin"]["window_ns"].as_u64().unwrap() <= n["spin"]["cap_ns"].as_u64().unwrap());
+    }
+    assert!(text(&out).contains("spin window"), "{}", text(&out));
 }
 
 #[test]

@@ -21,11 +21,22 @@
 //! ## Rounds, min-RTT filter, drift
 //!
 //! A *round* is a burst of exchanges; [`ClockEstimator::finish_round`]
-//! keeps the one with the smallest RTT (the tightest interval) as a
-//! [`Sample`]. Drift is the slope between the oldest and newest sample in
-//! a short history, with uncertainty `(e_old + e_new) / Δt`. Between
-//! rounds the bound grows with the drift uncertainty (plus a floor for
-//! non-linear wander): `bound(L) = e + (u + floor)·|L − L_sample|`.
+//! reduces it to one [`Sample`] at the instant of its smallest-RTT
+//! exchange: the **intersection** of every exchange's interval, each
+//! carried to that instant (shifted by the drift estimate, widened by the
+//! drift uncertainty times the distance). Every interval holds the true
+//! offset, so their intersection does too, and it is never wider than the
+//! min-RTT exchange's alone: it is bounded below by the fastest
+//! request's path and above by the fastest reply's, even when no single
+//! exchange was fast both ways. (An empty intersection means a clock
+//! misbehaved inside the round: the min-RTT exchange alone is used.)
+//!
+//! Drift is the slope between two samples of a history (up to
+//! [`HISTORY_MAX`], 3 s at the default resync interval), the pair with the
+//! tightest uncertainty `(e_a + e_b) / Δt`. The model's offset is again
+//! the intersection of every history sample carried to the newest one.
+//! Between rounds the bound grows with the drift uncertainty (plus a
+//! floor for non-linear wander): `bound(L) = e + (u + floor)·|L − L_base|`.
 //!
 //! A sample that falls outside the interval the model predicted is a
 //! clock jump: history is dropped and drift re-learned. A *known*
@@ -35,8 +46,8 @@
 
 /// Exchanges kept per round (the rest of a burst is ignored).
 pub const ROUND_EXCHANGES_MAX: usize = 64;
-/// Samples kept for drift estimation.
-pub const HISTORY_MAX: usize = 8;
+/// Samples kept for drift estimation and the model's intersection.
+pub const HISTORY_MAX: usize = 32;
 /// Most jumps an injected clock can carry.
 pub const JUMPS_MAX: usize = 8;
 
@@ -117,7 +128,7 @@ impl Default for ClockConfig {
         ClockConfig {
             drift_unknown_ppb: 200_000,
             drift_floor_ppb: 1_000,
-            drift_span_min_ns: 100_000_000,
+            drift_span_min_ns: 20_000_000,
             stale_after_ns: 5_000_000_000,
         }
     }
@@ -210,6 +221,76 @@ pub struct ClockEstimator {
     pub discontinuities: u64,
     /// Round samples dropped because the model already knew better.
     pub samples_filtered: u64,
+    /// Rounds whose exchanges' intervals did not intersect (a clock
+    /// misbehaved inside the round; the min-RTT exchange alone was used).
+    pub rounds_inconsistent: u64,
+    /// Drift (ppb) and its uncertainty learned before an announced step.
+    drift_prior: Option<(i64, u64)>,
+}
+
+/// An interval of `global − local` offsets, `[lo, hi]`, at a local instant.
+#[derive(Debug, Clone, Copy)]
+struct OffsetInterval {
+    lo: i128,
+    hi: i128,
+}
+
+impl OffsetInterval {
+    /// Carry from `from_local` to `to_local` with drift `drift_ppb`, known
+    /// to within `uncertainty_ppb`: shifted by the drift, widened by the
+    /// uncertainty (rounded outward).
+    fn carried(self, from_local: u64, to_local: u64, drift_ppb: i64, uncertainty_ppb: u64) -> OffsetInterval {
+        let dt = to_local as i128 - from_local as i128;
+        let shift = drift_ppb as i128 * dt;
+        let widen = (uncertainty_ppb as u128 * dt.unsigned_abs()).div_ceil(NS_PER_S as u128) as i128;
+        OffsetInterval {
+            lo: self.lo + shift.div_euclid(NS_PER_S) - widen,
+            hi: self.hi + (shift + NS_PER_S - 1).div_euclid(NS_PER_S) + widen,
+        }
+    }
+    fn intersect(self, other: OffsetInterval) -> OffsetInterval {
+        OffsetInterval {
+            lo: self.lo.max(other.lo),
+            hi: self.hi.min(other.hi),
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.lo > self.hi
+    }
+    /// As a midpoint and a half-width that covers the whole interval.
+    fn to_mid_error(self) -> (i64, u64) {
+        let mid = (self.lo + self.hi).div_euclid(2);
+        let error = (self.hi - mid).max(mid - self.lo).max(0);
+        (mid as i64, error as u64)
+    }
+}
+
+impl Exchange {
+    /// The local instant a sample of this exchange is taken at.
+    fn mid_local_ns(&self) -> u64 {
+        self.t1_local_ns + (self.t4_local_ns - self.t1_local_ns) / 2
+    }
+    /// The offsets consistent with this exchange at its local midpoint:
+    /// `[t3 − t4, t2 − t1]`, widened by what an unknown drift of up to
+    /// `drift_max_ppb` can move the offset while the exchange runs.
+    fn interval(&self, drift_max_ppb: u64) -> OffsetInterval {
+        let span = self.t4_local_ns - self.t1_local_ns;
+        // +1: the midpoint's integer division.
+        let widen = (span as u128 * drift_max_ppb as u128).div_ceil(NS_PER_S as u128) as i128 + 1;
+        OffsetInterval {
+            lo: self.t3_remote_ns as i128 - self.t4_local_ns as i128 - widen,
+            hi: self.t2_remote_ns as i128 - self.t1_local_ns as i128 + widen,
+        }
+    }
+}
+
+impl Sample {
+    fn interval(&self) -> OffsetInterval {
+        OffsetInterval {
+            lo: self.offset_ns as i128 - self.error_ns as i128,
+            hi: self.offset_ns as i128 + self.error_ns as i128,
+        }
+    }
 }
 
 impl ClockEstimator {
@@ -231,6 +312,8 @@ impl ClockEstimator {
             jumps_detected: 0,
             discontinuities: 0,
             samples_filtered: 0,
+            rounds_inconsistent: 0,
+            drift_prior: None,
         }
     }
 
@@ -252,8 +335,15 @@ impl ClockEstimator {
     }
 
     /// A clock announced a step: forget everything learned.
+    ///
+    /// A step moves the offset, not the rate: the drift learned so far is
+    /// kept as a prior (its interval), so the bound does not fall back to
+    /// the oscillator tolerance while drift is re-learned.
     pub fn handle_discontinuity(&mut self) {
         self.discontinuities += 1;
+        if self.model.valid && self.model.uncertainty_ppb < self.config.drift_unknown_ppb {
+            self.drift_prior = Some((self.model.drift_ppb, self.model.uncertainty_ppb));
+        }
         self.history_len = 0;
         self.round_len = 0;
         self.model.valid = false;
@@ -262,20 +352,46 @@ impl ClockEstimator {
     /// Close the round: keep its min-RTT exchange, update offset and drift.
     /// Returns the sample, or `None` for an empty round.
     pub fn finish_round(&mut self) -> Option<Sample> {
-        let best = self.round[..self.round_len]
-            .iter()
-            .flatten()
-            .min_by_key(|ex| ex.rtt_ns())
-            .copied();
+        let round = &self.round[..self.round_len];
+        let best = round.iter().flatten().min_by_key(|ex| ex.rtt_ns()).copied();
+        let best = match best {
+            Some(b) => b,
+            None => {
+                self.round_len = 0;
+                return None;
+            }
+        };
+        let at = best.mid_local_ns();
+        // The offset moves while an exchange runs, by an unknown drift of
+        // up to the oscillator tolerance; between exchanges of the round it
+        // moves by the model's drift, known to its uncertainty (or, before
+        // drift is measured, by up to the tolerance).
+        let tolerance = self.config.drift_unknown_ppb;
+        let (drift, uncertainty) = if self.model.valid {
+            (self.model.drift_ppb, self.model.uncertainty_ppb.max(1))
+        } else {
+            (0, tolerance)
+        };
+        let own = best.interval(tolerance);
+        let mut both = own;
+        for ex in round.iter().flatten() {
+            let carried = ex
+                .interval(tolerance)
+                .carried(ex.mid_local_ns(), at, drift, uncertainty);
+            both = both.intersect(carried);
+        }
         self.round_len = 0;
-        let best = best?;
+        let interval = if both.is_empty() {
+            self.rounds_inconsistent += 1;
+            own
+        } else {
+            both
+        };
+        let (offset_ns, error_ns) = interval.to_mid_error();
         let sample = Sample {
-            local_ns: best.t1_local_ns + (best.t4_local_ns - best.t1_local_ns) / 2,
-            offset_ns: best.offset_ns(),
-            // + drift over the exchange itself (the offset moves while it runs).
-            error_ns: best.rtt_ns().div_ceil(2)
-                + 1
-                + (best.rtt_ns() as u128 * self.config.drift_unknown_ppb as u128).div_ceil(NS_PER_S as u128) as u64,
+            local_ns: at,
+            offset_ns,
+            error_ns,
         };
         if self.model.valid && self.history_len > 0 {
             if let Ok(predicted) = self.model.interval(sample.local_ns) {
@@ -339,24 +455,67 @@ impl ClockEstimator {
                 }
             }
         }
-        let (drift_ppb, uncertainty_ppb) = match best {
-            Some((unc, drift, _)) => (drift, unc as u64 + 1 + self.config.drift_floor_ppb),
-            None => (0, self.config.drift_unknown_ppb),
+        // The drift lies within the tolerance, within the prior kept
+        // across an announced step, and within the measured pair's
+        // interval (+1: the division above truncates; + the floor for
+        // wander): the intersection of the three, each sound.
+        let tolerance = self.config.drift_unknown_ppb as i128;
+        let mut drift_lo = -tolerance;
+        let mut drift_hi = tolerance;
+        for (d, u) in [
+            self.drift_prior.map(|(d, u)| (d as i128, u as i128)),
+            best.map(|(unc, d, _)| (d as i128, unc as i128 + 1 + self.config.drift_floor_ppb as i128)),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            drift_lo = drift_lo.max(d - u);
+            drift_hi = drift_hi.min(d + u);
+        }
+        let (drift_ppb, uncertainty_ppb) = if drift_lo <= drift_hi {
+            let mid = (drift_lo + drift_hi).div_euclid(2);
+            (mid as i64, (drift_hi - mid).max(mid - drift_lo) as u64)
+        } else {
+            // Contradictory (the rate changed): the measurement alone.
+            match best {
+                Some((unc, drift, _)) => (drift, unc as u64 + 1 + self.config.drift_floor_ppb),
+                None => (0, self.config.drift_unknown_ppb),
+            }
         };
-        // Base: the sample whose bound, carried to the newest sample's
-        // instant, is the smallest (a tight older sample can beat a loose
-        // newer one).
-        let carried = |s: &Sample| {
-            let age = newest.local_ns - s.local_ns;
-            s.error_ns as u128 + (uncertainty_ppb as u128 * age as u128).div_ceil(NS_PER_S as u128)
+        // The offset at the newest sample's instant: every sample's
+        // interval carried there (each holds the true offset, so their
+        // intersection does), never wider than the best single one.
+        let mut both: Option<OffsetInterval> = None;
+        for s in history {
+            let carried = s
+                .interval()
+                .carried(s.local_ns, newest.local_ns, drift_ppb, uncertainty_ppb);
+            both = Some(both.map_or(carried, |b| b.intersect(carried)));
+        }
+        let both = both.expect("non-empty history");
+        let (offset_ns, error_ns) = if both.is_empty() {
+            // The samples contradict the linear model (wander beyond the
+            // floor): fall back to the one whose bound, carried to the
+            // newest instant, is the smallest.
+            let carried = |s: &Sample| {
+                s.interval()
+                    .carried(s.local_ns, newest.local_ns, drift_ppb, uncertainty_ppb)
+                    .to_mid_error()
+            };
+            history
+                .iter()
+                .map(carried)
+                .min_by_key(|(_, e)| *e)
+                .expect("non-empty history")
+        } else {
+            both.to_mid_error()
         };
-        let base = *history.iter().min_by_key(|s| carried(s)).expect("non-empty history");
         self.model = ClockModel {
             valid: true,
-            base_local_ns: base.local_ns,
-            offset_ns: base.offset_ns,
+            base_local_ns: newest.local_ns,
+            offset_ns,
             drift_ppb,
-            error_ns: base.error_ns,
+            error_ns,
             uncertainty_ppb,
             stale_after_ns: self.config.stale_after_ns,
         };
@@ -477,6 +636,23 @@ mod tests {
     }
 
     #[test]
+    fn a_round_intersects_its_exchanges_fast_request_and_fast_reply() {
+        // No exchange is fast both ways, but one has a fast request and
+        // another a fast reply: together they pin the offset far tighter
+        // than either alone, and still around the truth.
+        let master = InjectedClock::new(0, 5_000, 0);
+        let node = InjectedClock::new(0, 0, 0);
+        let mut est = ClockEstimator::new(ClockConfig::default());
+        est.handle_exchange(exchange(&node, &master, MS, 100, 50, 20_000));
+        est.handle_exchange(exchange(&node, &master, MS + 100_000, 20_000, 50, 300));
+        let s = est.finish_round().unwrap();
+        assert!(s.error_ns < 1_000, "error {} (each alone: > 10 µs)", s.error_ns);
+        let truth = 5_000i64;
+        assert!((s.offset_ns - truth).unsigned_abs() <= s.error_ns);
+        assert_eq!(est.rounds_inconsistent, 0);
+    }
+
+    #[test]
     fn malformed_exchanges_are_counted_and_dropped() {
         let mut est = ClockEstimator::new(ClockConfig::default());
         est.handle_exchange(Exchange {
@@ -520,6 +696,26 @@ mod tests {
         assert_eq!(est.jumps_detected, 1);
         let i = est.model().interval(node.local(950 * MS)).unwrap();
         assert!(i.contains(master.local(950 * MS)));
+    }
+
+    #[test]
+    fn drift_learned_before_an_announced_step_is_kept_as_a_prior() {
+        let master = InjectedClock::new(0, 0, 0);
+        let node = InjectedClock::new(0, 0, 80_000).with_jump(1_050 * MS, 300_000).unwrap();
+        let mut est = ClockEstimator::new(ClockConfig::default());
+        for round in 0..10u64 {
+            est.handle_exchange(exchange(&node, &master, round * 100 * MS, 1_000, 100, 1_000));
+            est.finish_round().unwrap();
+        }
+        let before = est.model().uncertainty_ppb;
+        assert!(before < 10_000, "drift learned: ±{before} ppb");
+        est.handle_discontinuity();
+        est.handle_exchange(exchange(&node, &master, 1_100 * MS, 1_000, 100, 1_000));
+        est.finish_round().unwrap();
+        let m = est.model();
+        assert!(m.uncertainty_ppb <= before, "prior kept: ±{} ppb", m.uncertainty_ppb);
+        let at = 1_190 * MS;
+        assert!(m.interval(node.local(at)).unwrap().contains(master.local(at)));
     }
 
     #[test]
@@ -586,6 +782,73 @@ mod tests {
             let t = at + probe;
             let i = est.model().interval(node.local(t)).unwrap();
             prop_assert!(i.contains(master.local(t)), "{i:?} vs {}", master.local(t));
+        }
+
+        /// Long runs: many rounds of several exchanges with random
+        /// asymmetric delays (the intersections within rounds and across
+        /// the history, drift measured over seconds): the true time stays
+        /// inside at every round and after the last.
+        #[test]
+        fn true_time_stays_inside_over_long_histories(
+            offset in -1_000_000_000i64..1_000_000_000,
+            drift in -150_000i64..150_000,
+            delays in proptest::collection::vec((1u64..100_000, 0u64..5_000, 1u64..100_000), 60..200),
+            gap_ms in 20u64..150,
+            probe in 0u64..300 * MS,
+        ) {
+            let master = InjectedClock::new(0, -3_333, 11_000);
+            let node = InjectedClock::new(0, offset, drift);
+            let mut est = ClockEstimator::new(ClockConfig::default());
+            let mut at = 1_000_000_000u64;
+            for (i, (up, turn, down)) in delays.iter().enumerate() {
+                est.handle_exchange(exchange(&node, &master, at, *up, *turn, *down));
+                at += up + turn + down + 5_000;
+                if i % 5 == 4 {
+                    est.finish_round();
+                    let i = est.model().interval(node.local(at)).unwrap();
+                    prop_assert!(i.contains(master.local(at)), "round {}: {i:?} vs {}", est.rounds, master.local(at));
+                    at += gap_ms * MS;
+                }
+            }
+            est.finish_round();
+            let t = at + probe;
+            let i = est.model().interval(node.local(t)).unwrap();
+            prop_assert!(i.contains(master.local(t)), "{i:?} vs {}", master.local(t));
+        }
+
+        /// An announced step in the middle of a long run: the round that
+        /// straddles it is discarded (as the service does), the drift
+        /// learned before is kept as a prior, and the truth stays inside
+        /// at every round after it.
+        #[test]
+        fn true_time_stays_inside_through_an_announced_step(
+            drift in -150_000i64..150_000,
+            step in -2_000_000i64..2_000_000,
+            step_round in 5usize..30,
+            delays in proptest::collection::vec((1u64..60_000, 0u64..5_000, 1u64..60_000), 200),
+        ) {
+            let master = InjectedClock::new(0, 0, 0);
+            let step_at = 1_000_000_000 + step_round as u64 * 60 * MS + 7 * MS;
+            let node = InjectedClock::new(0, 123_456, drift).with_jump(step_at, step).unwrap();
+            let mut est = ClockEstimator::new(ClockConfig::default());
+            let mut at = 1_000_000_000u64;
+            let mut generation = node.generation(at);
+            for (i, (up, turn, down)) in delays.iter().enumerate() {
+                est.handle_exchange(exchange(&node, &master, at, *up, *turn, *down));
+                at += up + turn + down + 5_000;
+                if i % 5 == 4 {
+                    est.finish_round();
+                    if node.generation(at) != generation {
+                        generation = node.generation(at);
+                        est.handle_discontinuity();
+                        prop_assert!(est.model().interval(node.local(at)).is_err());
+                    } else {
+                        let i = est.model().interval(node.local(at)).unwrap();
+                        prop_assert!(i.contains(master.local(at)), "round {}: {i:?} vs {}", est.rounds, master.local(at));
+                    }
+                    at += 60 * MS;
+                }
+            }
         }
 
         #[test]

@@ -7,7 +7,11 @@
 //! publishes the resulting [`ClockModel`] through a seqlock, so the
 //! dispatcher reads `now()` without a lock. Row columns used (see
 //! [`crate::layout`]): the client's `clock_request_seq`, the master's
-//! `clock_reply_seq[c]`, `clock_reply_t2[c]`, `clock_reply_t3[c]`.
+//! `clock_reply_seq[c]` (the reply's guard, pushed alone right after
+//! `t3`), `clock_reply_stamps[2c]`, `[2c + 1]` (`t2`, `t3`) and
+//! `clock_stamps_seq[c]` (their guard, pushed after them): a two-step
+//! reply (see `exchange`). While an exchange is in flight both sides
+//! spin and receive on their own thread (`Fabric::receive_now`).
 //!
 //! Jumps: a node's clock steps are announced (the injected clock's
 //! generation, as Linux announces `settimeofday` through
@@ -31,9 +35,10 @@ pub const MASTER_RANK: usize = 0;
 /// How the service runs.
 #[derive(Debug, Clone, Copy)]
 pub struct ClockServiceConfig {
-    /// Time between rounds once drift is known.
+    /// Time between rounds once drift is known well (the longest).
     pub resync_interval_ns: u64,
-    /// Time between rounds while drift is being learned.
+    /// Time between the first rounds (the shortest); in between, rounds
+    /// come as often as the drift uncertainty needs (see `sync_loop`).
     pub warmup_interval_ns: u64,
     pub exchanges_per_round: usize,
     /// A reply not seen within this is abandoned (the round goes on).
@@ -56,7 +61,7 @@ impl Default for ClockServiceConfig {
     fn default() -> Self {
         ClockServiceConfig {
             resync_interval_ns: 100_000_000,
-            warmup_interval_ns: 20_000_000,
+            warmup_interval_ns: 10_000_000,
             exchanges_per_round: 16,
             exchange_timeout_ns: 20_000_000,
             estimator: ClockConfig::default(),
@@ -318,49 +323,117 @@ impl Drop for ClockService {
     }
 }
 
-/// The master: answer every client's newest request.
+/// Between rounds, the most the drift uncertainty may add to the bound
+/// before the next round (it sets the interval while drift is learned).
+const GROWTH_PER_ROUND_NS: u64 = 1_000;
+
+/// How long the master keeps spinning (and receiving on its own thread)
+/// after its last request before it parks: a round's next request comes
+/// about one round trip after the previous reply.
+const SERVE_SPIN_NS: u64 = 300_000;
+/// The master's park between rounds (see `serve`).
+const SERVE_PARK: Duration = Duration::from_millis(2);
+/// How long a client sleeps at a time between rounds (it checks for an
+/// announced clock step after each).
+const BETWEEN_ROUNDS_NAP: Duration = Duration::from_millis(5);
+
+/// How long a client spins for a reply before it starts napping between
+/// looks (it keeps receiving on its own thread throughout).
+const EXCHANGE_SPIN_NS: u64 = 300_000;
+
+/// Bring in what the peers sent, on the calling thread, without blocking
+/// (tcp: a non-blocking receive on each peer's socket; shm: nothing).
+/// Returns whether anything arrived.
+#[inline]
+fn receive_now<F: Fabric>(fabric: &F) -> bool {
+    fabric.receive_now()
+}
+
+/// Send the pushes the fabric coalesced (tcp only).
+#[inline]
+fn flush<F: Fabric>(fabric: &F) {
+    fabric.flush();
+}
+
+/// The master: answer every client's newest request, in two steps (see
+/// [`exchange`]): first the reply's guard alone, as soon as possible
+/// after `t3`, then the stamps and their own guard. While requests come
+/// (a round's burst) it spins and receives on its own thread; between
+/// rounds it parks.
 fn serve<F: Fabric>(fabric: &F, layout: &RtLayout, clock: &GlobalClock, stop: &AtomicBool) {
     let members = fabric.member_count();
     let me = fabric.row(MASTER_RANK);
     let mut served = [0u64; 64];
-    // Short spin (a burst's next request comes within microseconds), no
-    // yields (useless under SCHED_FIFO), then park: the thread may run at
-    // real-time priority and must not hold a core.
+    let mut request = [0u64; 64];
+    let mut t2 = [0u64; 64];
+    // Once the spin window after the last request has passed, park at
+    // once (no yields: useless under SCHED_FIFO): the thread may run at
+    // real-time priority and must not hold a core between rounds. A
+    // request wakes the park (shm: the client rings the doorbell; tcp: the
+    // frame itself, the park polls the sockets), so the timeout only
+    // bounds a lost wake-up; a short one woke this thread (a timer
+    // interrupt on whichever CPU a dispatcher was spinning on) every
+    // 200 µs between rounds.
     let mut idler = Idler::new(IdleStrategy::Backoff {
-        spins: 2_000,
+        spins: 0,
         yields: 0,
-        park: Duration::from_micros(200),
+        park: SERVE_PARK,
     });
+    let mut last_request_ns = monotonic_ns();
     while !stop.load(Ordering::Relaxed) {
-        let mut work = 0;
-        for (c, served_c) in served.iter_mut().enumerate().take(members).skip(1) {
+        receive_now(fabric);
+        // Step 1, the timed part: t2 as soon as a request is seen, t3
+        // just before the reply's guard goes out.
+        let mut answering = 0u64;
+        for c in 1..members {
             // Partner: the client's Release store of its request in `exchange`.
-            let request = fabric
+            let r = fabric
                 .row(c)
                 .u64_at(layout.clock_request_seq.offset())
                 .load(Ordering::Acquire);
-            if request <= *served_c {
-                continue;
+            if r > served[c] {
+                t2[c] = clock.local_ns();
+                request[c] = r;
+                answering |= 1 << c;
             }
-            let t2 = clock.local_ns();
-            me.u64_at(layout.clock_reply_t2.offset(c)).store(t2, Ordering::Relaxed);
+        }
+        for c in PeerSet(answering).iter() {
             let t3 = clock.local_ns();
-            me.u64_at(layout.clock_reply_t3.offset(c)).store(t3, Ordering::Relaxed);
-            // The stamps first, then the seq that guards them, as separate
-            // pushes: a fabric that copies rows (tcp) applies a push in
-            // address order, and the seq column lies before the stamps.
-            let (t2_at, t3_at) = (layout.clock_reply_t2.offset(c), layout.clock_reply_t3.offset(c));
-            let _ = fabric.push(t2_at..t2_at + 8, PeerSet(1 << c));
-            let _ = fabric.push(t3_at..t3_at + 8, PeerSet(1 << c));
-            // Partner: the client's Acquire load of its reply seq in `exchange`.
+            me.u64_at(layout.clock_reply_stamps.offset(2 * c))
+                .store(t2[c], Ordering::Relaxed);
+            me.u64_at(layout.clock_reply_stamps.offset(2 * c + 1))
+                .store(t3, Ordering::Relaxed);
+            // Partner: the client's Acquire load of its reply seq in `wait_for`.
             me.u64_at(layout.clock_reply_seq.offset(c))
-                .store(request, Ordering::Release);
+                .store(request[c], Ordering::Release);
             let seq_at = layout.clock_reply_seq.offset(c);
             let _ = fabric.push(seq_at..seq_at + 8, PeerSet(1 << c));
-            *served_c = request;
-            work += 1;
+            flush(fabric);
         }
-        clock.rounds.fetch_add(work as u64, Ordering::Relaxed);
+        // Step 2: the stamps, then the guard that says they are there
+        // (pushes to one peer are visible in order).
+        for c in PeerSet(answering).iter() {
+            let at = layout.clock_reply_stamps.offset(2 * c);
+            let _ = fabric.push(at..at + 16, PeerSet(1 << c));
+            // Partner: the client's Acquire load of its stamps seq in `wait_for`.
+            me.u64_at(layout.clock_stamps_seq.offset(c))
+                .store(request[c], Ordering::Release);
+            let seq_at = layout.clock_stamps_seq.offset(c);
+            let _ = fabric.push(seq_at..seq_at + 8, PeerSet(1 << c));
+            served[c] = request[c];
+        }
+        let work = answering.count_ones();
+        if work > 0 {
+            flush(fabric);
+            clock.rounds.fetch_add(work as u64, Ordering::Relaxed);
+            last_request_ns = monotonic_ns();
+            idler.reset();
+            continue;
+        }
+        if monotonic_ns().saturating_sub(last_request_ns) < SERVE_SPIN_NS {
+            std::hint::spin_loop();
+            continue;
+        }
         // The re-check after announcing a park: a request that arrived
         // since the scan must not wait for the park timeout.
         let pending = || {
@@ -373,7 +446,7 @@ fn serve<F: Fabric>(fabric: &F, layout: &RtLayout, clock: &GlobalClock, stop: &A
                     > served[c]
             })
         };
-        idler.idle(work, fabric.doorbell(), pending);
+        idler.idle(0, fabric.doorbell(), pending);
     }
 }
 
@@ -436,24 +509,42 @@ fn sync_loop<F: Fabric>(
         // Members start rounds at rank-dependent phases so two clients
         // rarely compete for the master (and the cores) at once.
         let phase_ns = me as u64 * 3_000_000;
+        // The next round comes before the drift uncertainty has grown the
+        // bound by more than `GROWTH_PER_ROUND_NS` (often while drift is
+        // still being learned, every resync interval once it is known).
+        let model = est.model();
+        let adaptive_ns = if model.valid {
+            (GROWTH_PER_ROUND_NS as u128 * 1_000_000_000 / model.uncertainty_ppb.max(1) as u128) as u64
+        } else {
+            0
+        };
         let wait_ns = if retry_soon {
             2_000_000 + phase_ns / 3
         } else if warm_rounds < 8 {
             config.warmup_interval_ns + phase_ns
         } else {
-            config.resync_interval_ns + phase_ns
+            adaptive_ns.clamp(config.warmup_interval_ns, config.resync_interval_ns) + phase_ns
         };
         let until = monotonic_ns() + wait_ns;
         while !stop.load(Ordering::Relaxed) && monotonic_ns() < until {
             if clock.injected.generation(monotonic_ns()) != generation {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(1).min(Duration::from_nanos(wait_ns)));
+            let left = until.saturating_sub(monotonic_ns());
+            std::thread::sleep(BETWEEN_ROUNDS_NAP.min(Duration::from_nanos(left.max(1))));
         }
     }
 }
 
 /// One request/reply with the master; `None` if the reply did not come.
+///
+/// Two-step reply: the client stamps `t4` when the master's reply *guard*
+/// arrives (pushed alone, right after the master's `t3`), then waits for
+/// the stamps `t2`, `t3` and their own guard, which the master pushes
+/// afterwards. So only one small push lies between `t3` and `t4` on the
+/// master's side, and the stamps' pushes are outside the round trip. Both
+/// sides receive on their own thread while they wait ([`receive_now`]),
+/// instead of waiting for a receive thread to be woken.
 fn exchange<F: Fabric>(
     fabric: &F,
     layout: &RtLayout,
@@ -462,45 +553,77 @@ fn exchange<F: Fabric>(
     config: &ClockServiceConfig,
     stop: &AtomicBool,
 ) -> Option<Exchange> {
-    let timeout_ns = config.exchange_timeout_ns;
     let me = fabric.member_rank();
     let row = fabric.row(me);
     let master = fabric.row(MASTER_RANK);
     let reply = master.u64_at(layout.clock_reply_seq.offset(me));
+    let stamps_seq = master.u64_at(layout.clock_stamps_seq.offset(me));
     let offset = layout.clock_request_seq.offset();
     let t1 = clock.local_ns();
     // Partner: the master's Acquire load of requests in `serve`.
     row.u64_at(offset).store(seq, Ordering::Release);
     fabric.push(offset..offset + 8, PeerSet(1 << MASTER_RANK)).ok()?;
+    flush(fabric);
     if config.ring_doorbell {
         fabric.doorbell().ring();
     }
     let started = monotonic_ns();
-    let mut spins = 0u32;
-    // Partner: the master's Release store of the reply seq in `serve`.
-    while reply.load(Ordering::Acquire) < seq {
-        spins += 1;
-        if spins.is_multiple_of(64) {
-            let waited = monotonic_ns() - started;
-            if waited > timeout_ns || stop.load(Ordering::Relaxed) {
-                return None;
-            }
-            // Spin briefly, then sleep: this thread may be SCHED_FIFO and
-            // must not starve the master's thread of the core it needs.
-            if waited > 50_000 {
-                std::thread::sleep(Duration::from_micros(20));
-            }
-        }
-        std::hint::spin_loop();
+    if !wait_for(fabric, reply, seq, started, config.exchange_timeout_ns, stop) {
+        return None;
     }
     let t4 = clock.local_ns();
+    // Partner: the master's Release store of the reply seq in `serve`.
     if reply.load(Ordering::Acquire) != seq {
         return None; // a newer reply: this one's stamps are gone
     }
+    if !wait_for(fabric, stamps_seq, seq, started, config.exchange_timeout_ns, stop) {
+        return None;
+    }
+    // Partner: the master's Release store of the stamps seq in `serve`.
+    if stamps_seq.load(Ordering::Acquire) != seq {
+        return None;
+    }
     Some(Exchange {
         t1_local_ns: t1,
-        t2_remote_ns: master.u64_at(layout.clock_reply_t2.offset(me)).load(Ordering::Relaxed),
-        t3_remote_ns: master.u64_at(layout.clock_reply_t3.offset(me)).load(Ordering::Relaxed),
+        t2_remote_ns: master
+            .u64_at(layout.clock_reply_stamps.offset(2 * me))
+            .load(Ordering::Relaxed),
+        t3_remote_ns: master
+            .u64_at(layout.clock_reply_stamps.offset(2 * me + 1))
+            .load(Ordering::Relaxed),
         t4_local_ns: t4,
     })
+}
+
+/// Spin (receiving on this thread) until `guard` reaches `seq`; after
+/// [`EXCHANGE_SPIN_NS`] nap between looks. `false` on timeout or stop.
+fn wait_for<F: Fabric>(
+    fabric: &F,
+    guard: &AtomicU64,
+    seq: u64,
+    started_ns: u64,
+    timeout_ns: u64,
+    stop: &AtomicBool,
+) -> bool {
+    let mut spins = 0u32;
+    // Partner: the master's Release stores of the reply seq and the
+    // stamps seq in `serve`.
+    while guard.load(Ordering::Acquire) < seq {
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(16) {
+            let waited = monotonic_ns().saturating_sub(started_ns);
+            if waited > timeout_ns || stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            // Spin, then nap: this thread may be SCHED_FIFO and must not
+            // starve the master's thread of the core it needs.
+            if waited > EXCHANGE_SPIN_NS {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        if !receive_now(fabric) {
+            std::hint::spin_loop();
+        }
+    }
+    true
 }

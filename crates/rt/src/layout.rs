@@ -12,9 +12,11 @@
 //!         commit_abort_reason_len u64, commit_abort_reason bytes[192]
 //!         clock_request_seq  u64              client → master: "stamp me"
 //!         clock_generation   u64              steps of this node's clock
-//!         clock_reply_seq    [u64; members]   master → client c (guard)
-//!         clock_reply_t2     [u64; members]
-//!         clock_reply_t3     [u64; members]
+//!         clock_reply_seq    [u64; members]   master → client c: "your request
+//!                                             is answered" (guard; the client's t4)
+//!         clock_reply_stamps [u64; 2 × members] t2, t3 of client c at 2c, 2c + 1
+//!         clock_stamps_seq   [u64; members]   guard of client c's stamps, pushed
+//!                                             after them (a two-step reply)
 //!         counters           [u64; COUNTERS]  live, never pushed
 //!  per channel c (every row has the area; only the sender's is used):
 //!         chan_c_begin       u64              period+1 being written (seqlock)
@@ -112,8 +114,9 @@ pub struct RtLayout {
     pub clock_request_seq: U64Column,
     pub clock_generation: U64Column,
     pub clock_reply_seq: U64VectorColumn,
-    pub clock_reply_t2: U64VectorColumn,
-    pub clock_reply_t3: U64VectorColumn,
+    /// Client `c`'s `t2` at index `2c`, `t3` at `2c + 1` (one push).
+    pub clock_reply_stamps: U64VectorColumn,
+    pub clock_stamps_seq: U64VectorColumn,
     pub counters: U64VectorColumn,
     pub channels: Vec<ChannelArea>,
 }
@@ -138,8 +141,8 @@ impl RtLayout {
         let clock_generation = b.u64("clock_generation");
         b.cache_line_break();
         let clock_reply_seq = b.u64_vector("clock_reply_seq", members);
-        let clock_reply_t2 = b.u64_vector("clock_reply_t2", members);
-        let clock_reply_t3 = b.u64_vector("clock_reply_t3", members);
+        let clock_reply_stamps = b.u64_vector("clock_reply_stamps", 2 * members);
+        let clock_stamps_seq = b.u64_vector("clock_stamps_seq", members);
         b.cache_line_break();
         let counters = b.u64_vector("counters", COUNTER_NAMES.len());
         let mut areas = Vec::with_capacity(channels.len());
@@ -178,8 +181,8 @@ impl RtLayout {
             clock_request_seq,
             clock_generation,
             clock_reply_seq,
-            clock_reply_t2,
-            clock_reply_t3,
+            clock_reply_stamps,
+            clock_stamps_seq,
             counters,
             channels: areas,
         }

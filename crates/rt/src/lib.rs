@@ -37,6 +37,7 @@
 //! ```
 //!
 //! Thin runtime: [`os`] (SCHED_FIFO, timer slack, hybrid sleep-then-spin),
+//! [`spin`] (the self-tuning spin window of that release),
 //! [`clock_service`] (exchanges over a fabric), [`node`] (channels over
 //! any [`spindle_fabric::Fabric`], shm or tcp: the two-phase collective
 //! commit, the dispatcher and its watchdog, uncommit, best-effort
@@ -53,6 +54,7 @@ pub mod node;
 pub mod os;
 pub mod qos;
 pub mod scenario;
+pub mod spin;
 pub mod watchdog;
 
 pub use admission::{admit_node, Admitted, Margins, RejectReason, Rejection};

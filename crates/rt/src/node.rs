@@ -39,6 +39,7 @@ use crate::dispatch::{DispatchCore, Job, Poll};
 use crate::layout::{self, ChannelArea, RtLayout, MESSAGE_HEADER_BYTES, REASON_BYTES_MAX, SLOT_HEADER_BYTES};
 use crate::os::sleep_until_hybrid;
 use crate::qos::{TaskKind, TaskSpec, TimeQos};
+use crate::spin::SpinPolicy;
 use crate::watchdog::{self, Timetable, WatchdogConfig, WatchdogShared};
 
 /// Most channels one node declares.
@@ -233,6 +234,17 @@ pub struct RunCounters {
     pub clock_over_budget: u64,
     /// Largest clock bound seen at a job start.
     pub clock_bound_ns_max: u64,
+    /// Releases more than 10 µs late, by cause: the sleep woke later than
+    /// the spin window covers; it woke in time but the spin was
+    /// interrupted (the thread lost its CPU while spinning); or there was
+    /// no sleep at all (the release was already due when the dispatcher
+    /// got to it).
+    #[serde(default)]
+    pub late_wakes_sleep: u64,
+    #[serde(default)]
+    pub late_wakes_spin: u64,
+    #[serde(default)]
+    pub late_wakes_no_sleep: u64,
 }
 
 /// What a run measured (preallocated at commit; no allocation during the run).
@@ -246,6 +258,12 @@ pub struct RunStats {
     pub send_exec_ns: Vec<u64>,
     pub receive_exec_ns: Vec<u64>,
     pub counters: RunCounters,
+    /// The widest spin window used before a release, and the last one.
+    pub spin_window_max_ns: u64,
+    pub spin_window_end_ns: u64,
+    /// Sum of the windows used, and how many waits used one (for the mean).
+    pub spin_window_sum_ns: u64,
+    pub spin_waits: u64,
 }
 
 /// What a computation task sees.
@@ -803,12 +821,22 @@ impl<F: Fabric> RtNode<F> {
     /// a job the dispatcher had not started at its critical start time is
     /// reported by the watchdog's callback instead, at that time, and
     /// only once.
-    pub fn run(&mut self, spin_ns: u64, on_miss: &mut dyn FnMut(&MissReport)) -> Result<RunStats, String> {
+    ///
+    /// `spin` is the hybrid release's spin window: a fixed window in ns
+    /// (`u64`), or a [`SpinPolicy::Auto`] tuner that keeps learning from
+    /// every sleep of the dispatcher (see [`crate::spin`]); the stats
+    /// report the widest and last window used.
+    pub fn run(
+        &mut self,
+        spin: impl Into<SpinPolicy>,
+        on_miss: &mut dyn FnMut(&MissReport),
+    ) -> Result<RunStats, String> {
+        let mut spin = spin.into();
         let mut active = self.active.take().ok_or("run before commit")?;
         let shared = active.claims.clone();
         shared.set_stop(false);
         let Some(config) = self.watchdog.clone() else {
-            let stats = self.dispatch(&mut active, spin_ns, on_miss, None);
+            let stats = self.dispatch(&mut active, &mut spin, on_miss, None);
             self.active = Some(active);
             return Ok(stats);
         };
@@ -833,7 +861,7 @@ impl<F: Fabric> RtNode<F> {
             // in a computation task too), so the scope's join never waits
             // for the rest of the timetable.
             let _stop = StopOnDrop(&shared, &watchdog);
-            Ok(self.dispatch(&mut active, spin_ns, on_miss, Some(&watchdog)))
+            Ok(self.dispatch(&mut active, &mut spin, on_miss, Some(&watchdog)))
         });
         self.active = Some(active);
         result
@@ -843,7 +871,7 @@ impl<F: Fabric> RtNode<F> {
     fn dispatch(
         &mut self,
         active: &mut Active,
-        spin_ns: u64,
+        spin: &mut SpinPolicy,
         on_miss: &mut dyn FnMut(&MissReport),
         watchdog: Option<&std::thread::Thread>,
     ) -> RunStats {
@@ -911,14 +939,28 @@ impl<F: Fabric> RtNode<F> {
                 }
                 Poll::Idle { wake_at_ns } => {
                     let target = self.clock.mono_for_global(wake_at_ns);
-                    let late = sleep_until_hybrid(target, spin_ns);
+                    let window = spin.window_ns();
+                    let wake = spin.sleep_until(target);
+                    let late = wake.late_ns;
                     push_bounded(&mut active.stats.release_jitter_ns, late);
+                    if late > LATE_WAKE_NS {
+                        let c = &mut active.stats.counters;
+                        match wake.overshoot_ns {
+                            None => c.late_wakes_no_sleep += 1,
+                            Some(o) if o > window => c.late_wakes_sleep += 1,
+                            Some(_) => c.late_wakes_spin += 1,
+                        }
+                    }
+                    active.stats.spin_window_max_ns = active.stats.spin_window_max_ns.max(window);
+                    active.stats.spin_window_sum_ns = active.stats.spin_window_sum_ns.saturating_add(window);
+                    active.stats.spin_waits += 1;
                 }
                 Poll::Done => break,
             }
         }
         let c = active.core.counters;
         let mut stats = std::mem::take(&mut active.stats);
+        stats.spin_window_end_ns = spin.window_ns();
         stats.counters.released = c.released;
         stats.counters.completed = c.completed;
         stats.counters.missed_early = c.missed_early;
@@ -1126,6 +1168,9 @@ fn push_bounded(v: &mut Vec<u64>, x: u64) {
         v.push(x);
     }
 }
+
+/// A release later than this counts as a late wake-up (by cause).
+const LATE_WAKE_NS: u64 = 10_000;
 
 /// Measure the dispatcher's release jitter on this machine: `samples`
 /// hybrid wake-ups `period_ns` apart; returns each wake-up's lateness.

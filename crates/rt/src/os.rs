@@ -82,13 +82,47 @@ pub fn drop_rt_priority() {
 /// `clock_nanosleep` to `spin_ns` before, then spin. Returns the lateness
 /// (now − target) in ns once the target is reached.
 pub fn sleep_until_hybrid(target_mono_ns: u64, spin_ns: u64) -> u64 {
+    sleep_until_measured(target_mono_ns, spin_ns).late_ns
+}
+
+/// What one hybrid wake-up measured (see [`sleep_until_measured`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wake {
+    /// now − target when the spin saw the target (the release jitter).
+    pub late_ns: u64,
+    /// How much later than asked the sleep woke; `None`: no sleep (the
+    /// wake-up time had already passed).
+    pub overshoot_ns: Option<u64>,
+    /// When, after the asked wake-up time, the thread last *resumed* from
+    /// a disturbance: the sleep's return, or the end of the last gap over
+    /// [`SPIN_GAP_NS`] while spinning (the thread lost its CPU: an
+    /// interrupt, a higher-priority thread, the hypervisor). A window at
+    /// least this long would have kept this release on time. `None`: no sleep.
+    pub settled_ns: Option<u64>,
+}
+
+/// A gap between two clock reads of the spin loop longer than this means
+/// the spinning thread lost its CPU for long enough to matter (the
+/// release-jitter target). Shorter gaps (timer ticks: a few µs every few
+/// ms on the VM this was built on) are ignored: they come at any time,
+/// and a wider window would only see more of them.
+pub const SPIN_GAP_NS: u64 = 10_000;
+
+/// [`sleep_until_hybrid`], also returning how much later than asked the
+/// sleep itself woke (its *overshoot*) and when the thread last resumed
+/// from a disturbance ([`Wake`]). A release is late when the sleep
+/// overshoots the spin window or the spin is interrupted across the
+/// target; [`crate::spin::SpinTuner`] learns the window from these.
+pub fn sleep_until_measured(target_mono_ns: u64, spin_ns: u64) -> Wake {
     let wake_ns = target_mono_ns.saturating_sub(spin_ns);
+    let mut overshoot = None;
     if monotonic_ns() < wake_ns {
         let ts = libc::timespec {
             tv_sec: (wake_ns / 1_000_000_000) as libc::time_t,
             tv_nsec: (wake_ns % 1_000_000_000) as libc::c_long,
         };
-        loop {
+        // Bounded: EINTR only (a signal), at most a few times.
+        for _ in 0..1_000 {
             // SAFETY: `ts` is a valid timespec; the remainder pointer may be
             // null with TIMER_ABSTIME.
             let rc =
@@ -97,12 +131,23 @@ pub fn sleep_until_hybrid(target_mono_ns: u64, spin_ns: u64) -> u64 {
                 break;
             }
         }
+        overshoot = Some(monotonic_ns().saturating_sub(wake_ns));
     }
+    let mut resumed = overshoot.map(|o| wake_ns + o);
+    let mut prev = monotonic_ns();
     loop {
         let now = monotonic_ns();
-        if now >= target_mono_ns {
-            return now - target_mono_ns;
+        if now - prev > SPIN_GAP_NS && resumed.is_some() {
+            resumed = Some(now);
         }
+        if now >= target_mono_ns {
+            return Wake {
+                late_ns: now - target_mono_ns,
+                overshoot_ns: overshoot,
+                settled_ns: resumed.map(|r| r - wake_ns),
+            };
+        }
+        prev = now;
         std::hint::spin_loop();
     }
 }
@@ -184,6 +229,17 @@ mod tests {
         }
         // A target in the past returns at once with its lateness.
         assert!(sleep_until_hybrid(0, 0) > 0);
+        let w = sleep_until_measured(0, 0);
+        assert_eq!(
+            (w.overshoot_ns, w.settled_ns),
+            (None, None),
+            "no sleep, nothing measured"
+        );
+        let w = sleep_until_measured(monotonic_ns() + 200_000, 50_000);
+        assert!(
+            w.settled_ns >= w.overshoot_ns && w.overshoot_ns.is_some(),
+            "it slept: {w:?}"
+        );
     }
 
     #[test]

@@ -34,6 +34,7 @@ use crate::node::{
 };
 use crate::os::{drop_rt_priority, enter_netns, raise_threads_named, request_rt_privileges};
 use crate::qos::{TaskKind, TaskSpec, TimeQos};
+use crate::spin::{calibrate_spin, spin_cap_ns, SpinPolicy, SpinReport};
 use crate::watchdog::WatchdogConfig;
 
 /// Which measurement.
@@ -153,7 +154,12 @@ pub struct ScenarioSpec {
     /// Declared release jitter for admission instead of the calibrated
     /// maximum (tests, and runs that want to show what a declared figure does).
     pub release_jitter_declared_ns: Option<u64>,
+    /// The fixed spin window (used when `spin_auto` is off).
     pub spin_ns: u64,
+    /// Self-tune the spin window ([`crate::spin`]): calibrate it from this
+    /// node's sleep overshoot, keep learning during the run.
+    #[serde(default)]
+    pub spin_auto: bool,
     pub fifo: bool,
     pub force: bool,
     pub lead_ns: u64,
@@ -230,6 +236,14 @@ pub struct RunReport {
     pub latency_best_effort_ns: Vec<u64>,
     pub best_effort_dropped: u64,
     pub release_jitter_ns: Summary,
+    /// The widest spin window used in the run, and the last.
+    #[serde(default)]
+    pub spin_window_max_ns: u64,
+    #[serde(default)]
+    pub spin_window_end_ns: u64,
+    /// The mean window over the run's waits (what the spinning cost).
+    #[serde(default)]
+    pub spin_window_mean_ns: u64,
     pub start_delay_ns: Summary,
     /// Execution time of the channel tasks (the zero-sided data path).
     pub send_exec_ns: Summary,
@@ -257,6 +271,9 @@ pub struct MemberReport {
     pub privileges: String,
     pub fifo_granted: bool,
     pub calibration_jitter_ns: Summary,
+    /// How the spin window was chosen (and the calibration it came from).
+    #[serde(default)]
+    pub spin: SpinReport,
     pub clock_bound_ns_at_commit: u64,
     pub runs: Vec<RunReport>,
     pub clock_samples: Vec<ClockSample>,
@@ -479,9 +496,15 @@ fn run_channels<F: Fabric>(
     // Calibrate after the clock has synchronized, so its warm-up bursts
     // are not what the dispatcher's jitter is measured against.
     let synced = service.wait_synced(spec.clock_bound_budget_ns, Duration::from_secs(20));
-    // Wake-ups at least 4 spin windows apart: a window as long as the
-    // period would spin without end (and be throttled).
-    let calibration = calibrate_release_jitter(spec.jitter_samples, (4 * spec.spin_ns).max(1_000_000), spec.spin_ns);
+    let spin = choose_spin(spec, rank);
+    report.spin = spin.1;
+    let spin = spin.0;
+    // The release jitter admission uses, measured with the window the run
+    // starts with (an auto window never goes below it). Wake-ups at least
+    // 4 spin windows apart: a window as long as the period would spin
+    // without end (and be throttled).
+    let window = spin.window_ns();
+    let calibration = calibrate_release_jitter(spec.jitter_samples, (4 * window).max(1_000_000), window);
     report.calibration_jitter_ns = Summary::of(&calibration);
     let jitter_ns = spec
         .release_jitter_declared_ns
@@ -498,8 +521,8 @@ fn run_channels<F: Fabric>(
             let channels = channels_of(spec, period_index)?;
             let mut node = RtNode::new(fabric.clone(), layout.clone(), service.clock().clone(), channels)?;
             let run = match spec.scenario {
-                Scenario::Compare => compare_run(spec, rank, &mut node, period_index, size, jitter_ns)?,
-                _ => pipeline_run(spec, rank, &mut node, size, jitter_ns)?,
+                Scenario::Compare => compare_run(spec, rank, &mut node, period_index, size, jitter_ns, &spin)?,
+                _ => pipeline_run(spec, rank, &mut node, size, jitter_ns, &spin)?,
             };
             report.runs.push(run);
         }
@@ -507,6 +530,30 @@ fn run_channels<F: Fabric>(
     });
     drop_rt_priority();
     outcome
+}
+
+/// The spin window this node starts with: fixed (`spec.spin_ns`), or
+/// calibrated from plain sleeps as long as this node's typical gap between
+/// releases (the shortest period over its releases per period, 1–20 ms;
+/// at most ~3 s of sleeps), capped at 1/16 of the shortest period.
+pub fn choose_spin(spec: &ScenarioSpec, rank: usize) -> (SpinPolicy, SpinReport) {
+    const MS: u64 = 1_000_000;
+    if !spec.spin_auto {
+        let report = SpinReport {
+            window_ns: spec.spin_ns,
+            window_max_ns: spec.spin_ns,
+            window_end_ns: spec.spin_ns,
+            cap_ns: spec.spin_ns,
+            ..SpinReport::default()
+        };
+        return (SpinPolicy::Fixed(spec.spin_ns), report);
+    }
+    let period_min = spec.period_ns.iter().copied().min().unwrap_or(16 * MS).max(1);
+    let releases = spec.stages.iter().filter(|s| s.node == rank).count().max(1) as u64;
+    let gap = (period_min / releases).clamp(MS, 20 * MS);
+    let samples = spec.jitter_samples.min((3_000 * MS / gap) as usize).max(1);
+    let (tuner, report) = calibrate_spin(samples, gap, spin_cap_ns(period_min));
+    (SpinPolicy::Auto(Box::new(tuner)), report)
 }
 
 fn commit_config(spec: &ScenarioSpec, jitter_ns: u64, periods: u64) -> CommitConfig {
@@ -541,6 +588,7 @@ fn pipeline_run<F: Fabric>(
     node: &mut RtNode<F>,
     size: usize,
     jitter_ns: u64,
+    spin: &SpinPolicy,
 ) -> Result<RunReport, String> {
     let period_ns = spec.period_ns[0];
     let p = spec.periods;
@@ -627,7 +675,7 @@ fn pipeline_run<F: Fabric>(
         )?;
     }
     // One extra period lets the last message finish its trip.
-    let report = commit_and_run(spec, node, jitter_ns, p + 1, size, period_ns)?;
+    let report = commit_and_run(spec, node, jitter_ns, p + 1, size, period_ns, spin)?;
     let log = Rc::try_unwrap(log)
         .map_err(|_| "user tasks still registered")?
         .into_inner();
@@ -648,11 +696,12 @@ fn commit_and_run<F: Fabric>(
     periods: u64,
     size: usize,
     period_ns: u64,
+    spin: &SpinPolicy,
 ) -> Result<RunReport, String> {
     let committed = node
         .commit(&commit_config(spec, jitter_ns, periods))
         .map_err(|e| e.to_string())?;
-    let (stats, misses) = run_node(node, spec)?;
+    let (stats, misses) = run_node(node, spec, spin)?;
     node.uncommit();
     Ok(RunReport {
         size,
@@ -681,6 +730,9 @@ fn commit_and_run<F: Fabric>(
             .collect(),
         user_jobs_missed: misses.user_jobs_missed,
         release_jitter_ns: Summary::of(&stats.release_jitter_ns),
+        spin_window_max_ns: stats.spin_window_max_ns,
+        spin_window_end_ns: stats.spin_window_end_ns,
+        spin_window_mean_ns: stats.spin_window_sum_ns / stats.spin_waits.max(1),
         start_delay_ns: Summary::of(&stats.start_delay_ns),
         send_exec_ns: Summary::of(&stats.send_exec_ns),
         receive_exec_ns: Summary::of(&stats.receive_exec_ns),
@@ -734,7 +786,11 @@ pub fn describe_miss(m: &MissReport) -> String {
 
 /// Run the dispatcher with a watchdog (SCHED_FIFO 81 when asked: above
 /// the dispatcher's 80, so it preempts a dispatcher stuck in a job).
-fn run_node<F: Fabric>(node: &mut RtNode<F>, spec: &ScenarioSpec) -> Result<(RunStats, MissLog), String> {
+fn run_node<F: Fabric>(
+    node: &mut RtNode<F>,
+    spec: &ScenarioSpec,
+    spin: &SpinPolicy,
+) -> Result<(RunStats, MissLog), String> {
     let log = Arc::new(Mutex::new(MissLog {
         lines: Vec::with_capacity(32),
         user_jobs_missed: 0,
@@ -744,7 +800,7 @@ fn run_node<F: Fabric>(node: &mut RtNode<F>, spec: &ScenarioSpec) -> Result<(Run
         on_miss: Arc::new(move |m| watched.lock().unwrap_or_else(|p| p.into_inner()).record(m)),
         fifo_priority: spec.fifo.then_some(81),
     }));
-    let result = node.run(spec.spin_ns, &mut |m| {
+    let result = node.run(spin.clone(), &mut |m| {
         log.lock().unwrap_or_else(|p| p.into_inner()).record(m)
     });
     node.set_watchdog(None);
@@ -778,6 +834,7 @@ fn compare_run<F: Fabric>(
     period_index: usize,
     size: usize,
     jitter_ns: u64,
+    spin: &SpinPolicy,
 ) -> Result<RunReport, String> {
     let period_ns = spec.period_ns[period_index];
     let p = spec.periods;
@@ -838,7 +895,7 @@ fn compare_run<F: Fabric>(
         }),
     )?;
     // Extra periods drain the best-effort backlog.
-    let report = commit_and_run(spec, node, jitter_ns, p + p / 4 + 8, size, period_ns)?;
+    let report = commit_and_run(spec, node, jitter_ns, p + p / 4 + 8, size, period_ns, spin)?;
     let log = Rc::try_unwrap(log)
         .map_err(|_| "user task still registered")?
         .into_inner();

@@ -53,6 +53,7 @@ fn base_spec(scenario: Scenario, group: &str, members: usize, dir: &Path) -> Sce
         // Declared, so that admission does not depend on this machine's load.
         release_jitter_declared_ns: Some(0),
         spin_ns: 50 * US,
+        spin_auto: false,
         fifo: false,
         force: false,
         lead_ns: 30 * MS,
@@ -112,6 +113,30 @@ fn zero_sided_pipeline_delivers_or_counts_every_message() {
         if receiver.extracted_ns[k] > 0 {
             assert!(sender.inserted_ns[k] > 0 && sender.inserted_ns[k] < receiver.extracted_ns[k]);
         }
+    }
+}
+
+#[test]
+fn a_self_tuned_spin_window_is_calibrated_reported_and_capped() {
+    let dir = tempdir();
+    let mut spec = base_spec(Scenario::Latency, "rt-autospin", 2, dir.path());
+    spec.spin_auto = true;
+    let reports = run_pipeline(&spec);
+    let cap = spindle_rt::spin::spin_cap_ns(spec.period_ns[0]);
+    for r in &reports {
+        assert!(r.spin.auto, "rank {}: {:?}", r.rank, r.spin);
+        assert_eq!(r.spin.cap_ns, cap);
+        assert!(r.spin.calibration_sleeps > 0);
+        assert!(
+            (spindle_rt::spin::SPIN_MIN_NS.min(cap)..=cap).contains(&r.spin.window_ns),
+            "{:?}",
+            r.spin
+        );
+        let run = &r.runs[0];
+        // The run never spins less than the window its release jitter was
+        // calibrated with, nor more than the cap.
+        assert!(run.spin_window_max_ns >= r.spin.window_ns && run.spin_window_max_ns <= cap);
+        assert!(run.spin_window_end_ns >= r.spin.window_ns && run.spin_window_end_ns <= cap);
     }
 }
 

@@ -11,6 +11,7 @@ use spindle_rt::os::{drop_rt_priority, request_rt_privileges};
 use spindle_rt::scenario::{
     MemberReport, NodeClockSpec, RunReport, Scenario, ScenarioSpec, StageSpec, Summary, TransportSpec,
 };
+use spindle_rt::spin::{calibrate_spin, spin_cap_ns, SpinReport};
 
 use super::{CommonArgs, MS, US};
 use crate::procs::{read_results, MemberProcesses};
@@ -58,8 +59,8 @@ pub(super) fn check_common(common: &CommonArgs) -> Result<(), String> {
             common.jitter_samples
         ));
     }
-    if common.spin_us > 10_000 {
-        return Err(format!("--spin-us {} must be at most 10000", common.spin_us));
+    if let Some(spin) = common.spin_us.filter(|s| *s > 10_000) {
+        return Err(format!("--spin-us {spin} must be at most 10000"));
     }
     Ok(())
 }
@@ -98,7 +99,8 @@ pub(super) fn base_spec(scenario: Scenario, common: &CommonArgs, members: usize)
         clock_bound_budget_ns: common.clock_budget_us * US,
         jitter_samples: common.jitter_samples,
         release_jitter_declared_ns: common.declared_jitter_us.map(|j| j * US),
-        spin_ns: common.spin_us * US,
+        spin_ns: common.spin_us.unwrap_or(0) * US,
+        spin_auto: common.spin_us.is_none(),
         fifo: !common.no_fifo,
         force: common.force,
         lead_ns: 200 * MS,
@@ -271,16 +273,24 @@ pub(super) fn spawn_and_wait(spec: &ScenarioSpec, timeout: Duration) -> Result<(
 }
 
 /// Release jitter of this machine, measured here (with SCHED_FIFO when
-/// asked and permitted) to choose default parameters.
+/// asked and permitted) to choose default parameters. Without
+/// `--spin-us`, the spin window is first tuned from 1 ms sleeps (capped
+/// at 1 ms, as for a 16 ms period); the text says which window was used.
 pub(super) fn calibrate_here(common: &CommonArgs) -> (Summary, String) {
-    let (fifo, samples, spin) = (!common.no_fifo, common.jitter_samples.max(2_000), common.spin_us * US);
-    // Wake-ups at least 4 spin windows apart (as the members calibrate).
-    let period = (4 * spin).max(MS);
+    let (fifo, samples, spin) = (!common.no_fifo, common.jitter_samples.max(2_000), common.spin_us);
     std::thread::spawn(move || {
         let p = request_rt_privileges(fifo, 80, false);
-        let j = calibrate_release_jitter(samples, period, spin);
+        let (window, how) = match spin {
+            Some(us) => (us * US, format!("spin window {us} µs")),
+            None => {
+                let (tuner, report) = calibrate_spin(samples.min(1_000), MS, spin_cap_ns(16 * MS));
+                (tuner.window_ns(), report.describe())
+            }
+        };
+        // Wake-ups at least 4 spin windows apart (as the members calibrate).
+        let j = calibrate_release_jitter(samples, (4 * window).max(MS), window);
         drop_rt_priority();
-        (Summary::of(&j), p.describe())
+        (Summary::of(&j), format!("{}; {how}", p.describe()))
     })
     .join()
     .unwrap_or_default()
@@ -313,6 +323,11 @@ pub(super) struct NodeRow {
     pub(super) privileges: String,
     pub(super) fifo_granted: bool,
     pub(super) calibration_jitter_ns: Summary,
+    /// How the node's spin window was chosen.
+    pub(super) spin: SpinReport,
+    /// The widest spin window used in the run, and the mean.
+    pub(super) spin_window_max_ns: u64,
+    pub(super) spin_window_mean_ns: u64,
     pub(super) admission: String,
     pub(super) clock_bound_ns_at_commit: u64,
     pub(super) app_missed: u64,
@@ -329,6 +344,11 @@ pub(super) struct NodeRow {
     pub(super) receive_exec_ns: Summary,
     pub(super) clock_over_budget: u64,
     pub(super) clock_bound_ns_max: u64,
+    /// Releases > 10 µs late whose sleep overshot the spin window / whose
+    /// spin was interrupted / that had no sleep.
+    pub(super) late_wakes_sleep: u64,
+    pub(super) late_wakes_spin: u64,
+    pub(super) late_wakes_no_sleep: u64,
     pub(super) miss_log: Vec<String>,
 }
 
@@ -338,6 +358,9 @@ pub(super) fn node_row(r: &MemberReport, run: &RunReport) -> NodeRow {
         privileges: r.privileges.clone(),
         fifo_granted: r.fifo_granted,
         calibration_jitter_ns: r.calibration_jitter_ns,
+        spin: r.spin,
+        spin_window_max_ns: run.spin_window_max_ns,
+        spin_window_mean_ns: run.spin_window_mean_ns,
         admission: run.admission.clone(),
         clock_bound_ns_at_commit: r.clock_bound_ns_at_commit,
         app_missed: run.app_missed,
@@ -353,6 +376,9 @@ pub(super) fn node_row(r: &MemberReport, run: &RunReport) -> NodeRow {
         receive_exec_ns: run.receive_exec_ns,
         clock_over_budget: run.counters.clock_over_budget,
         clock_bound_ns_max: run.counters.clock_bound_ns_max,
+        late_wakes_sleep: run.counters.late_wakes_sleep,
+        late_wakes_spin: run.counters.late_wakes_spin,
+        late_wakes_no_sleep: run.counters.late_wakes_no_sleep,
         miss_log: run.miss_log.clone(),
     }
 }

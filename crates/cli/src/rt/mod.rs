@@ -63,9 +63,12 @@ pub struct CommonArgs {
     /// Do not ask for SCHED_FIFO (to measure the dispatcher without it).
     #[arg(long)]
     pub no_fifo: bool,
-    /// Spin this long before each release after sleeping (µs).
-    #[arg(long, default_value_t = 100)]
-    pub spin_us: u64,
+    /// Spin this long before each release after sleeping (µs). Default:
+    /// self-tuned per node from its measured sleep overshoot (a high
+    /// quantile with margin, at most 1/16 of the shortest period per
+    /// release), printed with the results.
+    #[arg(long)]
+    pub spin_us: Option<u64>,
     /// Clock error budget every node must stay within (µs); deadlines are
     /// shortened by it.
     #[arg(long, default_value_t = 10)]

@@ -272,6 +272,20 @@ fn print_ring(r: &RingReport) {
             }
         );
     }
+    for n in &r.nodes {
+        println!(
+            "node {}: {}, in the run mean {} µs, widest {} µs; calibrated release jitter p99 {} ns, max {} ns; releases > 10 µs late: {} slept past the window, {} lost the CPU while spinning, {} already due",
+            ["A", "B", "C"][n.node],
+            n.spin.describe(),
+            n.spin_window_mean_ns / US,
+            n.spin_window_max_ns / US,
+            n.calibration_jitter_ns.p99,
+            n.calibration_jitter_ns.max,
+            n.late_wakes_sleep,
+            n.late_wakes_spin,
+            n.late_wakes_no_sleep
+        );
+    }
     println!(
         "periods {}  missed {}  late {}  (messages the application did not have / jobs dropped or overrun)",
         r.periods, r.missed, r.late
