@@ -43,8 +43,10 @@ pub struct MulticastArgs {
     /// Turn the Spindle batching techniques off (to see what they buy).
     #[arg(long)]
     pub no_batching: bool,
-    /// Idle strategy: spin, backoff, park (short spin, then park on the
-    /// doorbell), or auto (backoff on shm, park on tcp).
+    /// Idle strategy: spin (never park; on tcp each member reads its
+    /// sockets itself at every pass: the lowest latency, with a core per
+    /// member), backoff, park (short spin, then park on the doorbell), or
+    /// auto (backoff on shm, park on tcp).
     #[arg(long, default_value = "auto")]
     pub idle: String,
     /// Offered rate per sender in messages/s (0: as fast as possible). Use a
