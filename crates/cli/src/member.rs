@@ -125,7 +125,6 @@ impl MemberSpec {
         // (which rebuilds the layout from the description).
         options.stat_dir = Some(PathBuf::from("/dev/shm"));
         options.layout_description = layout.row.summary();
-        options.payload_region = Some(layout.payload_region());
         options.listen = match &self.listen {
             Some(l) => Some(crate::config::resolve(l).map_err(|e| format!("listen address: {e}"))?),
             None => None,

@@ -194,6 +194,16 @@ pub trait Fabric: Send + Sync + 'static {
     /// visible to the peers only after it; the group layer calls it at the
     /// end of every pass. A fabric that sends at once does nothing.
     fn flush(&self) {}
+    /// Declare a byte range of every row that the layer above reads only
+    /// behind a guard (after an `Acquire` load of a word pushed after the
+    /// bytes) and never while its owner may rewrite it: the group layer's
+    /// slot ring. A fabric that copies rows (tcp) may then write pushes
+    /// into it with plain memory copies instead of word-by-word atomic
+    /// stores. The first declaration holds for the fabric's life (a fabric
+    /// carries one layout: its tag is checked when members connect);
+    /// frames applied before it take the atomic path, which is always
+    /// correct. Fabrics whose pushes land directly (shm, sim) ignore it.
+    fn declare_payload_region(&self, _range: Range<usize>) {}
 }
 
 /// Wait until every member has joined, or fail with the missing ranks.

@@ -338,13 +338,13 @@ impl Harness for TlsTcpHarness {
 
 conformance_suite!(tcp_tls, TlsTcpHarness);
 
-/// The tcp fabric with a payload region (`TcpOptions::payload_region`)
-/// over the data bytes of scenario (a): there the reader reads them only
-/// behind the guard and the writer rewrites them only after the reader's
-/// acknowledgement, which is the region's contract (the other scenarios
-/// read data words without a guard, so only (a) runs here). Frames into
-/// the region are applied with one memory copy; the guard must still make
-/// every byte visible.
+/// Scenario (a) on tcp with a payload region
+/// (`Fabric::declare_payload_region`) over its data bytes: there the
+/// reader reads them only behind the guard and the writer rewrites them
+/// only after the reader's acknowledgement, which is the region's
+/// contract (the other scenarios read data words without a guard, so only
+/// (a) runs here). Frames into the region are applied with one memory
+/// copy; the guard must still make every byte visible.
 pub struct PayloadRegionTcpHarness(TcpHarness);
 
 impl Harness for PayloadRegionTcpHarness {
@@ -353,13 +353,13 @@ impl Harness for PayloadRegionTcpHarness {
     const PUSH_CHECKS_RANGE_IN_RELEASE: bool = true;
 
     fn new_group(test: &str, member_count: usize, row_len_bytes: usize) -> PayloadRegionTcpHarness {
-        let mut h = TcpHarness::new_group(test, member_count, row_len_bytes);
-        h.options.payload_region = Some(DATA..DATA + DATA_BYTES);
-        PayloadRegionTcpHarness(h)
+        PayloadRegionTcpHarness(TcpHarness::new_group(test, member_count, row_len_bytes))
     }
 
     fn open(&self, rank: usize) -> TcpFabric {
-        self.0.open(rank)
+        let fabric = self.0.open(rank);
+        fabric.declare_payload_region(DATA..DATA + DATA_BYTES);
+        fabric
     }
 }
 

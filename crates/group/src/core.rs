@@ -171,6 +171,9 @@ impl<F: Fabric> GroupCore<F> {
                 layout.row.row_len_bytes()
             )));
         }
+        // The ring is read only behind its senders' guards: a fabric that
+        // copies rows may fill it with plain copies.
+        fabric.declare_payload_region(layout.payload_region());
         let my_rank = fabric.member_rank();
         let configured_senders = config.senders.ranks(config.members);
         let initial = config.initial_ranks();

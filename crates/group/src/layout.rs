@@ -303,7 +303,7 @@ impl SmcLayout {
     /// The slot ring's bytes in a row: read only behind the sender's guard
     /// and rewritten only after every member released the slot, so a
     /// fabric that copies rows may write them with plain copies
-    /// (`TcpOptions::payload_region`).
+    /// (`Fabric::declare_payload_region`, which `GroupCore` calls).
     pub fn payload_region(&self) -> std::ops::Range<usize> {
         self.ring.offset()..self.ring.offset() + self.ring.len()
     }

@@ -146,16 +146,6 @@ pub struct TcpOptions {
     /// pass (the group layer does), one `sendmsg` per pass however many
     /// times the layer above rings. On by default.
     pub flush_on_ring: bool,
-    /// A byte range of every row that the layer above reads only behind a
-    /// guard (after an `Acquire` load of a word pushed after the bytes)
-    /// and never while its owner may rewrite it: the group layer's slot
-    /// ring, whose slots are read after their sender's guard and rewritten
-    /// only once every member released them. Frames that fall inside it
-    /// are copied into the row copy with a plain memory copy instead of
-    /// word-by-word atomic stores (the receiver's one copy of every
-    /// payload byte, at memory speed). `None` (the default): every byte
-    /// is stored atomically.
-    pub payload_region: Option<Range<usize>>,
     /// The peers [`TcpFabric::open`] waits for (`None`: every peer, the
     /// default). The others may connect later: a member that starts late,
     /// or a restarted process taking a lost member's rank. Until then
@@ -219,7 +209,6 @@ impl TcpOptions {
             send_stall_max: SEND_STALL_MAX_DEFAULT,
             coalesce: false,
             flush_on_ring: true,
-            payload_region: None,
             wait_for: None,
             check_source_addr: true,
             stat_dir: None,
@@ -302,8 +291,9 @@ pub(crate) struct Inner {
     writers: Vec<Option<Mutex<PeerWriter>>>,
     coalesce: bool,
     flush_on_ring: bool,
-    /// [`TcpOptions::payload_region`] (empty: none).
-    payload_region: Range<usize>,
+    /// The range declared by [`Fabric::declare_payload_region`]: frames
+    /// inside it are applied with one memory copy.
+    payload_region: std::sync::OnceLock<Range<usize>>,
     /// The receive state; see [`recv::Rx`].
     rx: Mutex<recv::Rx>,
     /// The peers' sockets by rank (-1: none yet), and which are open
@@ -746,7 +736,7 @@ impl TcpFabric {
             writers,
             coalesce: options.coalesce,
             flush_on_ring: options.flush_on_ring,
-            payload_region: options.payload_region.clone().unwrap_or(0..0),
+            payload_region: std::sync::OnceLock::new(),
             rx: Mutex::new(recv::Rx::new(readers)),
             rx_fds,
             open_mask: std::sync::atomic::AtomicU64::new(open_mask),
@@ -987,6 +977,15 @@ impl Fabric for TcpFabric {
     /// Send the pushes coalesced so far (see [`TcpOptions::coalesce`]).
     fn flush(&self) {
         self.inner.flush_all();
+    }
+
+    fn declare_payload_region(&self, range: Range<usize>) {
+        assert!(
+            range.end <= self.inner.row_len_bytes,
+            "payload region {range:?} outside the row"
+        );
+        let held = self.inner.payload_region.get_or_init(|| range.clone());
+        debug_assert_eq!(*held, range, "one payload region per fabric");
     }
 
     fn describe(&self) -> String {

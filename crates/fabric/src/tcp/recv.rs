@@ -432,12 +432,15 @@ fn apply(inner: &Inner, rank: usize, offset: usize, bytes: &[u8]) {
         offset + bytes.len() <= inner.row_len_bytes,
         "decoder checked the bounds"
     );
-    let region = &inner.payload_region;
-    if offset >= region.start && offset + bytes.len() <= region.end {
+    let in_region = inner
+        .payload_region
+        .get()
+        .is_some_and(|r| offset >= r.start && offset + bytes.len() <= r.end);
+    if in_region {
         // SAFETY: the range lies inside the row copy (bounds checked by
         // the decoder) and does not overlap `bytes` (the read buffer). No
         // thread reads these bytes meanwhile: the payload region's
-        // contract (`TcpOptions::payload_region`) is that readers read it
+        // contract (`Fabric::declare_payload_region`) is that readers read it
         // only behind a guard that this peer pushes after these bytes
         // (applied later, after the Release fence at its frame's start)
         // and never while its owner may rewrite it.
