@@ -5,24 +5,17 @@
 //! fabric is dropped (its sockets closed) at the end of its test.
 
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+
+use std::time::Duration;
 
 use spindle_fabric::tcp::{PeerStatus, TcpFabric, TcpOptions};
 use spindle_fabric::{Fabric, PeerSet};
 
+mod common;
+use common::{listeners, open_together, publish, sees, wait_until};
+
 const ROW: usize = 4096;
 const TAG: u64 = 0x10e;
-/// Liveness bound for waits (never a speed assertion).
-const STALL_MAX: Duration = Duration::from_secs(20);
-
-fn listeners(n: usize) -> (Vec<Option<TcpListener>>, Vec<SocketAddr>) {
-    let ls: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
-        .collect();
-    let addrs = ls.iter().map(|l| l.local_addr().expect("addr")).collect();
-    (ls.into_iter().map(Some).collect(), addrs)
-}
 
 fn options(group: &str, addrs: &[SocketAddr]) -> TcpOptions {
     let mut o = TcpOptions::new(group, ROW, TAG, addrs.to_vec(), b"membership key".to_vec());
@@ -30,27 +23,22 @@ fn options(group: &str, addrs: &[SocketAddr]) -> TcpOptions {
     o
 }
 
-/// Wait until `ok()` holds, or panic naming `what`.
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !ok() {
-        assert!(started.elapsed() < STALL_MAX, "stalled waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+/// Open members `0..2` together, `o(r)` for rank `r`; both must open.
+fn open_pair<'o>(
+    ls: &mut [Option<std::net::TcpListener>],
+    o: impl Fn(usize) -> &'o TcpOptions + Sync,
+) -> (TcpFabric, TcpFabric) {
+    let mut fs = open_together(ls, 0..2, o).into_iter().map(|r| r.expect("open"));
+    (fs.next().expect("member 0"), fs.next().expect("member 1"))
 }
 
-/// Store `value` at word `word` of the own row and push it to every peer.
-fn publish(f: &TcpFabric, word: usize, value: u64) {
-    f.row(f.member_rank()).u64_at(word * 8).store(value, Ordering::Release);
-    f.push(
-        word * 8..word * 8 + 8,
-        PeerSet::all_except(f.member_rank(), f.member_count()),
-    )
-    .expect("push");
-}
-
-fn sees(f: &TcpFabric, rank: usize, word: usize, value: u64) -> bool {
-    f.row(rank).u64_at(word * 8).load(Ordering::Acquire) == value
+/// Open every member together with `opts`; all must open.
+fn open_all(ls: &mut [Option<std::net::TcpListener>], opts: &TcpOptions) -> Vec<Option<TcpFabric>> {
+    let n = ls.len();
+    open_together(ls, 0..n, |_| opts)
+        .into_iter()
+        .map(|r| Some(r.expect("open")))
+        .collect()
 }
 
 #[test]
@@ -58,15 +46,7 @@ fn a_member_that_starts_late_joins_and_exchanges_rows() {
     let (mut ls, addrs) = listeners(3);
     let mut early = options("late-join", &addrs);
     early.wait_for = Some(PeerSet(0b011));
-    let (l0, l1) = (ls[0].take().expect("l0"), ls[1].take().expect("l1"));
-    let (f0, f1) = std::thread::scope(|s| {
-        let t0 = s.spawn(|| TcpFabric::open_with_listener(&early, 0, l0));
-        let t1 = s.spawn(|| TcpFabric::open_with_listener(&early, 1, l1));
-        (
-            t0.join().expect("thread").expect("open 0"),
-            t1.join().expect("thread").expect("open 1"),
-        )
-    });
+    let (f0, f1) = open_pair(&mut ls, |_| &early);
     assert_eq!(f0.joined(), PeerSet(0b011));
     assert_eq!(f1.joined(), PeerSet(0b011));
     assert_eq!(f0.peer_status(2).0, PeerStatus::Waiting);
@@ -101,20 +81,7 @@ fn a_member_that_starts_late_joins_and_exchanges_rows() {
 fn a_lost_member_reopened_with_its_rank_starts_from_a_zeroed_row_and_resumes() {
     let (mut ls, addrs) = listeners(3);
     let opts = options("rejoin", &addrs);
-    let mut fs: Vec<Option<TcpFabric>> = std::thread::scope(|s| {
-        let ts: Vec<_> = ls
-            .iter_mut()
-            .enumerate()
-            .map(|(r, l)| {
-                let l = l.take().expect("listener");
-                let opts = &opts;
-                s.spawn(move || TcpFabric::open_with_listener(opts, r, l))
-            })
-            .collect();
-        ts.into_iter()
-            .map(|t| Some(t.join().expect("thread").expect("open")))
-            .collect()
-    });
+    let mut fs = open_all(&mut ls, &opts);
     {
         let f1 = fs[1].as_ref().expect("member 1");
         publish(f1, 0, 42);
@@ -171,12 +138,8 @@ fn a_connection_from_another_address_than_the_rank_claims_is_refused() {
     o0.join_timeout = Duration::from_secs(3);
     let mut o1 = o0.clone();
     o1.listen = Some(real1);
-    let (l0, l1) = (ls[0].take().expect("l0"), ls[1].take().expect("l1"));
-    let (r0, r1) = std::thread::scope(|s| {
-        let t0 = s.spawn(|| TcpFabric::open_with_listener(&o0, 0, l0));
-        let t1 = s.spawn(|| TcpFabric::open_with_listener(&o1, 1, l1));
-        (t0.join().expect("thread"), t1.join().expect("thread"))
-    });
+    let mut rs = open_together(&mut ls, 0..2, |r| if r == 0 { &o0 } else { &o1 }).into_iter();
+    let (r0, r1) = (rs.next().expect("member 0"), rs.next().expect("member 1"));
     let e0 = r0.err().expect("member 0 must refuse").to_string();
     let e1 = r1.err().expect("member 1 must be refused").to_string();
     assert!(
@@ -193,15 +156,7 @@ fn a_connection_from_another_address_than_the_rank_claims_is_refused() {
     o0.check_source_addr = false;
     let mut o1 = o0.clone();
     o1.listen = Some(addrs2[1]);
-    let (l0, l1) = (ls[0].take().expect("l0"), ls[1].take().expect("l1"));
-    let (f0, f1) = std::thread::scope(|s| {
-        let t0 = s.spawn(|| TcpFabric::open_with_listener(&o0, 0, l0));
-        let t1 = s.spawn(|| TcpFabric::open_with_listener(&o1, 1, l1));
-        (
-            t0.join().expect("thread").expect("open 0"),
-            t1.join().expect("thread").expect("open 1"),
-        )
-    });
+    let (f0, f1) = open_pair(&mut ls, |r| if r == 0 { &o0 } else { &o1 });
     assert_eq!(f0.joined(), PeerSet(0b11));
     assert_eq!(f1.joined(), PeerSet(0b11));
 }
@@ -210,20 +165,7 @@ fn a_connection_from_another_address_than_the_rank_claims_is_refused() {
 fn lost_peers_lists_every_lost_peer_at_once_without_an_error() {
     let (mut ls, addrs) = listeners(3);
     let opts = options("lost-all", &addrs);
-    let mut fs: Vec<Option<TcpFabric>> = std::thread::scope(|s| {
-        let ts: Vec<_> = ls
-            .iter_mut()
-            .enumerate()
-            .map(|(r, l)| {
-                let l = l.take().expect("listener");
-                let opts = &opts;
-                s.spawn(move || TcpFabric::open_with_listener(opts, r, l))
-            })
-            .collect();
-        ts.into_iter()
-            .map(|t| Some(t.join().expect("thread").expect("open")))
-            .collect()
-    });
+    let mut fs = open_all(&mut ls, &opts);
     assert_eq!(fs[0].as_ref().unwrap().lost_peers(), PeerSet(0));
     drop(fs[1].take());
     drop(fs[2].take());

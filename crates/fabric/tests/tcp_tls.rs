@@ -5,17 +5,19 @@
 //! sides with an error naming the TLS fault. Loopback only; bounded waits;
 //! every fabric is closed at the end of its test.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 use spindle_fabric::tcp::tls::TlsConfig;
 use spindle_fabric::tcp::{TcpFabric, TcpOptions};
-use spindle_fabric::{Fabric, FabricError, PeerSet};
+use spindle_fabric::{Fabric, PeerSet};
+
+mod common;
+use common::{listeners, open_together, publish, sees, wait_until};
 
 const ROW: usize = 4096;
-const STALL_MAX: Duration = Duration::from_secs(20);
 
 /// A self-signed CA.
 struct Ca {
@@ -48,40 +50,11 @@ impl Ca {
     }
 }
 
-fn listeners(n: usize) -> (Vec<Option<TcpListener>>, Vec<SocketAddr>) {
-    let ls: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
-        .collect();
-    let addrs = ls.iter().map(|l| l.local_addr().expect("addr")).collect();
-    (ls.into_iter().map(Some).collect(), addrs)
-}
-
 fn options(group: &str, addrs: &[SocketAddr], tls: TlsConfig) -> TcpOptions {
     let mut o = TcpOptions::new(group, ROW, 7, addrs.to_vec(), b"tls group key".to_vec());
     o.join_timeout = Duration::from_secs(5);
     o.tls = Some(tls);
     o
-}
-
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !ok() {
-        assert!(started.elapsed() < STALL_MAX, "stalled waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-fn publish(f: &TcpFabric, word: usize, value: u64) {
-    f.row(f.member_rank()).u64_at(word * 8).store(value, Ordering::Release);
-    f.push(
-        word * 8..word * 8 + 8,
-        PeerSet::all_except(f.member_rank(), f.member_count()),
-    )
-    .expect("push");
-}
-
-fn sees(f: &TcpFabric, rank: usize, word: usize, value: u64) -> bool {
-    f.row(rank).u64_at(word * 8).load(Ordering::Acquire) == value
 }
 
 #[test]
@@ -97,15 +70,10 @@ fn members_with_certificates_of_the_group_ca_connect_and_exchange_rows_over_tls(
             o
         })
         .collect();
-    let (l0, l1) = (ls[0].take().expect("l0"), ls[1].take().expect("l1"));
-    let (f0, f1) = std::thread::scope(|s| {
-        let t0 = s.spawn(|| TcpFabric::open_with_listener(&opts[0], 0, l0));
-        let t1 = s.spawn(|| TcpFabric::open_with_listener(&opts[1], 1, l1));
-        (
-            t0.join().expect("thread").expect("open 0"),
-            t1.join().expect("thread").expect("open 1"),
-        )
-    });
+    let mut fs = open_together(&mut ls, 0..2, |r| &opts[r])
+        .into_iter()
+        .map(|r| r.expect("open"));
+    let (f0, f1) = (fs.next().expect("member 0"), fs.next().expect("member 1"));
     // Many pushes, small and large (one push spans several TLS records).
     for i in 1..=200u64 {
         publish(&f0, (i % 16) as usize, i);
@@ -141,12 +109,8 @@ fn a_member_with_a_certificate_from_another_ca_is_refused_with_a_clear_error() {
     let o0 = options("tls-refuse", &addrs, ca.member(&ca));
     // Member 1's certificate is from another CA (it trusts the group CA).
     let o1 = options("tls-refuse", &addrs, other.member(&ca));
-    let (l0, l1) = (ls[0].take().expect("l0"), ls[1].take().expect("l1"));
-    let (r0, r1): (Result<TcpFabric, FabricError>, Result<TcpFabric, FabricError>) = std::thread::scope(|s| {
-        let t0 = s.spawn(|| TcpFabric::open_with_listener(&o0, 0, l0));
-        let t1 = s.spawn(|| TcpFabric::open_with_listener(&o1, 1, l1));
-        (t0.join().expect("thread"), t1.join().expect("thread"))
-    });
+    let mut rs = open_together(&mut ls, 0..2, |r| if r == 0 { &o0 } else { &o1 }).into_iter();
+    let (r0, r1) = (rs.next().expect("member 0"), rs.next().expect("member 1"));
     let e0 = r0.err().expect("member 0 must refuse member 1").to_string();
     let e1 = r1.err().expect("member 1 must be refused").to_string();
     assert!(e0.contains("TLS handshake failed"), "member 0 said: {e0}");
