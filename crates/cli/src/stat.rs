@@ -646,34 +646,12 @@ mod tests {
     const PER_SENDER: u64 = 5;
     const PAYLOAD_BYTES: usize = 24;
 
-    /// One member: send PER_SENDER messages, deliver everyone's, say so,
-    /// then keep the protocol running until told to finish.
+    /// One shm member: see [`run_member`].
     fn member(config: GroupConfig, rank: usize, done: Arc<AtomicUsize>, stop: Arc<AtomicBool>) {
-        let total = PER_SENDER * config.members as u64;
-        let mut group = Group::join_shm(config, rank).expect("join");
-        let sender = group.sender().expect("every member sends");
-        let (mut sent, mut delivered) = (0u64, 0u64);
-        let mut announced = false;
-        while !stop.load(Ordering::Acquire) {
-            while sent < PER_SENDER {
-                match sender.send(&[rank as u8 + 1; PAYLOAD_BYTES]) {
-                    Ok(()) => sent += 1,
-                    Err(SendError::WouldBlock) => break,
-                    Err(e) => panic!("send: {e}"),
-                }
-            }
-            group.poll_or_idle(&mut |_| delivered += 1).expect("poll");
-            if delivered >= total && !announced {
-                announced = true;
-                done.fetch_add(1, Ordering::AcqRel);
-            }
-        }
-        assert_eq!(delivered, total);
-        group.finish(&mut |_| {}, Duration::from_secs(30)).expect("finish");
+        run_member(Group::join_shm(config, rank).expect("join"), rank, done, stop);
     }
 
-    /// A tcp member (rows in a stat file in `stat_dir`), otherwise as
-    /// [`member`].
+    /// A tcp member (rows in a stat file in `stat_dir`): see [`run_member`].
     fn tcp_member(
         config: GroupConfig,
         rank: usize,
@@ -682,9 +660,19 @@ mod tests {
         done: Arc<AtomicUsize>,
         stop: Arc<AtomicBool>,
     ) {
-        let total = PER_SENDER * config.members as u64;
         let fabric = spindle_fabric::tcp::TcpFabric::open_with_listener(&options, rank, listener).expect("open");
-        let mut group = Group::join(Arc::new(fabric), config).expect("join");
+        run_member(Group::join(Arc::new(fabric), config).expect("join"), rank, done, stop);
+    }
+
+    /// Send PER_SENDER messages, deliver everyone's, say so, then keep the
+    /// protocol running until told to finish.
+    fn run_member<F: spindle_fabric::Fabric>(
+        mut group: Group<F>,
+        rank: usize,
+        done: Arc<AtomicUsize>,
+        stop: Arc<AtomicBool>,
+    ) {
+        let total = PER_SENDER * group.config().members as u64;
         let sender = group.sender().expect("every member sends");
         let (mut sent, mut delivered) = (0u64, 0u64);
         let mut announced = false;
