@@ -187,18 +187,23 @@ impl<F: Fabric> Shared<F> {
         Ok(())
     }
 
+    /// How far the master has published to this backup: `head[me]` in our
+    /// copy of its row.
+    fn master_head(&self) -> u64 {
+        // Partner: the Release store of head[me] by the master; on tcp the
+        // frames are applied in order, so the record bytes pushed before
+        // it are applied too.
+        self.fabric
+            .row(self.master)
+            .u64_at(self.layout.head.offset(self.me()))
+            .load(Ordering::Acquire)
+    }
+
     /// One-sided with `Completion::Echo`: report the guard we see applied
     /// in our copy of the master's row. Returns 1 when it moved.
     fn echo(&self) -> Result<u32, String> {
         let me = self.me();
-        // Partner: the Release store of head[me] by the master; on tcp the
-        // receive thread applies frames in order, so the record bytes
-        // pushed before it are applied too.
-        let seen = self
-            .fabric
-            .row(self.master)
-            .u64_at(self.layout.head.offset(me))
-            .load(Ordering::Acquire);
+        let seen = self.master_head();
         let own = self.fabric.row(me);
         let cell = self.layout.head.offset(me);
         if own.u64_at(cell).load(Ordering::Relaxed) == seen {
@@ -216,12 +221,7 @@ impl<F: Fabric> Shared<F> {
     /// reply by storing our own head. Returns bytes copied.
     fn copy_requests(&self) -> Result<u32, String> {
         let me = self.me();
-        // Partner: the Release store of head[me] by the master.
-        let target = self
-            .fabric
-            .row(self.master)
-            .u64_at(self.layout.head.offset(me))
-            .load(Ordering::Acquire);
+        let target = self.master_head();
         let own = self.fabric.row(me);
         let cell = self.layout.head.offset(me);
         let mut copied = own.u64_at(cell).load(Ordering::Relaxed);
