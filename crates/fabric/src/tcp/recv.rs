@@ -309,8 +309,12 @@ pub fn receive_now(inner: &Inner) -> bool {
     if open == 0 {
         return false;
     }
-    // Tells the receive thread to nap (see `run`).
-    inner.driven.fetch_add(1, Ordering::Relaxed);
+    // Tells the receive thread to nap (see `run`): it only needs to see
+    // the count move, so a plain store (no locked read-modify-write on
+    // every pass of a spinning loop) is enough, even when two loops race.
+    inner
+        .driven
+        .store(inner.driven.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
     let Ok(mut rx) = inner.rx.try_lock() else {
         return false;
     };
