@@ -226,6 +226,10 @@ pub struct ClockEstimator {
     pub rounds_inconsistent: u64,
     /// Drift (ppb) and its uncertainty learned before an announced step.
     drift_prior: Option<(i64, u64)>,
+    /// The model's drift and uncertainty before the last finished round:
+    /// what an announced step may keep (the last round may straddle the
+    /// step, and its sample then mixes offsets from both sides).
+    drift_before_last_round: Option<(i64, u64)>,
 }
 
 /// An interval of `global − local` offsets, `[lo, hi]`, at a local instant.
@@ -314,6 +318,7 @@ impl ClockEstimator {
             samples_filtered: 0,
             rounds_inconsistent: 0,
             drift_prior: None,
+            drift_before_last_round: None,
         }
     }
 
@@ -338,12 +343,16 @@ impl ClockEstimator {
     ///
     /// A step moves the offset, not the rate: the drift learned so far is
     /// kept as a prior (its interval), so the bound does not fall back to
-    /// the oscillator tolerance while drift is re-learned.
+    /// the oscillator tolerance while drift is re-learned. Call it before
+    /// the round after the step is finished: the drift kept is the one from
+    /// before the last finished round, which may straddle the step (its
+    /// sample mixes offsets from both sides and would bias the drift).
     pub fn handle_discontinuity(&mut self) {
         self.discontinuities += 1;
-        if self.model.valid && self.model.uncertainty_ppb < self.config.drift_unknown_ppb {
-            self.drift_prior = Some((self.model.drift_ppb, self.model.uncertainty_ppb));
+        if let Some(prior) = self.drift_before_last_round {
+            self.drift_prior = Some(prior);
         }
+        self.drift_before_last_round = None;
         self.history_len = 0;
         self.round_len = 0;
         self.model.valid = false;
@@ -352,6 +361,8 @@ impl ClockEstimator {
     /// Close the round: keep its min-RTT exchange, update offset and drift.
     /// Returns the sample, or `None` for an empty round.
     pub fn finish_round(&mut self) -> Option<Sample> {
+        self.drift_before_last_round = (self.model.valid && self.model.uncertainty_ppb < self.config.drift_unknown_ppb)
+            .then_some((self.model.drift_ppb, self.model.uncertainty_ppb));
         let round = &self.round[..self.round_len];
         let best = round.iter().flatten().min_by_key(|ex| ex.rtt_ns()).copied();
         let best = match best {
@@ -703,11 +714,14 @@ mod tests {
         let master = InjectedClock::new(0, 0, 0);
         let node = InjectedClock::new(0, 0, 80_000).with_jump(1_050 * MS, 300_000).unwrap();
         let mut est = ClockEstimator::new(ClockConfig::default());
+        // The prior is the drift from before the last round finished (that
+        // round may straddle the step).
+        let mut before = u64::MAX;
         for round in 0..10u64 {
+            before = est.model().uncertainty_ppb;
             est.handle_exchange(exchange(&node, &master, round * 100 * MS, 1_000, 100, 1_000));
             est.finish_round().unwrap();
         }
-        let before = est.model().uncertainty_ppb;
         assert!(before < 10_000, "drift learned: ±{before} ppb");
         est.handle_discontinuity();
         est.handle_exchange(exchange(&node, &master, 1_100 * MS, 1_000, 100, 1_000));
