@@ -1,20 +1,24 @@
-//! # spindle-sst — the shared state table
+//! # spindle-sst — the row layout of the shared state table
 //!
-//! A table with one row per member over a [`spindle_fabric::Fabric`]: each
-//! row is written only by its owner and pushed to the others. A layer
-//! above declares its columns with a [`layout::LayoutBuilder`] (counters,
-//! vectors of counters, byte areas), gets typed column handles, and reads
-//! any member's cell or writes its own.
+//! The shared state table has one row per member over a
+//! [`spindle_fabric::Fabric`]; each row is written only by its owner and
+//! pushed to the others. This crate is the row's *layout*: a layer above
+//! declares its columns in order with a [`LayoutBuilder`] (`u64` counters,
+//! vectors of counters, byte areas, cache-line breaks) and gets back typed
+//! column handles ([`U64Column`], [`U64VectorColumn`], [`BytesColumn`])
+//! holding byte offsets, plus a [`RowLayout`] with the row length, a
+//! fingerprint (`tag`) that members with different shapes refuse to share,
+//! and an ASCII diagram for the docs and `spindle stat`.
 //!
-//! Progress is driven: a [`predicates::Predicates`] engine evaluates
-//! registered predicates and runs their triggers (nothing here holds a lock
-//! while a trigger runs), an [`idle::Idler`] decides what to do when no
-//! trigger fired (spin → yield → park on the fabric's doorbell), and a
-//! [`runtime`] runs [`runtime::Agent`]s in one of three threading modes:
-//! dedicated, shared or invoker.
+//! `spindle-group` (the SMC row), `spindle-rt` (the rt row) and
+//! `spindle-replica` (control columns plus a log area per member) build
+//! their rows this way, then read and write cells at those offsets
+//! through the fabric's rows (`RowRef::u64_at`, `RowRef::bytes`)
+//! themselves. Nothing here runs: progress loops, threads, the OS clock
+//! and idle strategies belong to `spindle-runtime`.
 //!
 //! ```
-//! use spindle_sst::layout::LayoutBuilder;
+//! use spindle_sst::LayoutBuilder;
 //! let mut b = LayoutBuilder::new("example");
 //! let heartbeat = b.u64("heartbeat");
 //! let received = b.u64_vector("received_num", 4);
@@ -25,14 +29,6 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod idle;
 pub mod layout;
-pub mod predicates;
-pub mod runtime;
-pub mod table;
 
-pub use idle::{IdleStrategy, Idler};
 pub use layout::{BytesColumn, LayoutBuilder, RowLayout, U64Column, U64VectorColumn};
-pub use predicates::{PredicateKind, Predicates};
-pub use runtime::{monotonic_coarse_ns, monotonic_ns, Agent, AgentRunner, ThreadingMode};
-pub use table::Sst;

@@ -15,7 +15,14 @@ pub enum IdleStrategy {
     /// Never give the core up: lowest latency, needs a core per loop.
     BusySpin,
     /// Spin `spins`, then yield `yields` times, then park up to `park`.
-    Backoff { spins: u32, yields: u32, park: Duration },
+    Backoff {
+        /// Idle passes that spin before the loop starts yielding.
+        spins: u32,
+        /// Idle passes that yield the core before the loop starts parking.
+        yields: u32,
+        /// The longest single park on the doorbell.
+        park: Duration,
+    },
 }
 
 impl IdleStrategy {
@@ -47,6 +54,7 @@ pub struct Idler {
 }
 
 impl Idler {
+    /// A fresh idler: spinning, with zero parks and yields.
     pub fn new(strategy: IdleStrategy) -> Idler {
         Idler {
             strategy,
@@ -56,6 +64,7 @@ impl Idler {
         }
     }
 
+    /// The strategy this idler follows.
     pub fn strategy(&self) -> IdleStrategy {
         self.strategy
     }

@@ -1,0 +1,56 @@
+//! The OS clock. Protocol crates never read it: they take `now_ns` as an
+//! argument, so the simulator can drive them with simulated time. The
+//! runtime, the CLI and the benchmarks read it here and pass it down.
+
+/// Nanoseconds of a `timespec` (fits in a `u64` for 584 years of uptime).
+#[inline]
+fn timespec_ns(ts: &libc::timespec) -> u64 {
+    debug_assert!(ts.tv_sec >= 0 && (0..1_000_000_000).contains(&ts.tv_nsec));
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Monotonic nanoseconds (CLOCK_MONOTONIC: one clock for every process of
+/// a host, so timestamps compare across members on shm).
+#[inline]
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable out-pointer for the duration of the
+    // call, and CLOCK_MONOTONIC is always supported on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    timespec_ns(&ts)
+}
+
+/// Coarse monotonic nanoseconds (CLOCK_MONOTONIC_COARSE: a few ns to read,
+/// ticks of a few ms): for timeouts and intervals, never for latency.
+#[inline]
+pub fn monotonic_coarse_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable out-pointer for the duration of the
+    // call, and CLOCK_MONOTONIC_COARSE is always supported on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    timespec_ns(&ts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clocks_never_go_backwards() {
+        let mut fine_ns = monotonic_ns();
+        let mut coarse_ns = monotonic_coarse_ns();
+        assert!(fine_ns > 0 && coarse_ns > 0);
+        for _ in 0..1_000 {
+            let (next_fine_ns, next_coarse_ns) = (monotonic_ns(), monotonic_coarse_ns());
+            assert!(next_fine_ns >= fine_ns, "CLOCK_MONOTONIC went backwards");
+            assert!(next_coarse_ns >= coarse_ns, "CLOCK_MONOTONIC_COARSE went backwards");
+            (fine_ns, coarse_ns) = (next_fine_ns, next_coarse_ns);
+        }
+    }
+
+    #[test]
+    fn timespec_converts_to_ns() {
+        let ts = libc::timespec { tv_sec: 3, tv_nsec: 7 };
+        assert_eq!(timespec_ns(&ts), 3_000_000_007);
+    }
+}
