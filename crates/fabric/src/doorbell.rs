@@ -6,17 +6,26 @@
 //! ```text
 //!  waiter                               ringer
 //!  sleepers += 1        (SeqCst RMW)    store data (Release)
-//!  t = seq              (SeqCst)        fence(SeqCst)
-//!  re-check for work  ──┐               if sleepers > 0 {
-//!  futex_wait(seq, t) <─┘ lost wake-up      seq += 1; futex_wake(seq)
-//!  sleepers -= 1          impossible:   }
+//!  fence(SeqCst)                        fence(SeqCst)
+//!  t = seq              (SeqCst)        if sleepers > 0 {
+//!  re-check for work  ──┐                   seq += 1; futex_wake(seq)
+//!  futex_wait(seq, t) <─┘ lost wake-up  }
+//!  sleepers -= 1          impossible:
 //!                         Dekker pair
 //! ```
+//!
+//! Both sides fence: the two SeqCst fences are ordered one way or the
+//! other, so either the waiter's re-check sees the data or the ringer's
+//! load sees the waiter (a SeqCst RMW alone does not order the waiter's
+//! later plain-Acquire re-check in the language's memory model). The
+//! protocol is [`event_count`], generic over the cells so that
+//! `tests/loom_doorbell.rs` checks it with loom's atomics and a futex
+//! modelled by a mutex and a condition variable.
 //!
 //! Waits always carry a timeout, so even a peer that never rings (it
 //! crashed) costs at most one timeout of latency, never a hang.
 
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 /// Wake-ups for parked progress loops.
@@ -31,6 +40,51 @@ pub trait Doorbell: Send + Sync {
     fn park(&self, ticket: u32, timeout: Duration);
     /// Withdraw a [`Doorbell::prepare_park`] without sleeping.
     fn cancel_park(&self);
+}
+
+/// The event-count protocol over a `seq` and a `sleepers` cell; the
+/// futex calls are the caller's (see the module docs for the diagram).
+pub mod event_count {
+    use crate::sync::{fence, AtomicCount, Ordering};
+
+    /// The ringer's side, after it stored its data: whether a waiter may
+    /// be parked (then `seq` has moved and the caller wakes the futex).
+    #[inline]
+    pub fn ring<C: AtomicCount>(seq: &C, sleepers: &C) -> bool {
+        // SeqCst: pairs with the SeqCst fence in `prepare_park` (Dekker):
+        // orders the caller's earlier data stores before the load of
+        // `sleepers` (store→load needs SeqCst).
+        fence(Ordering::SeqCst);
+        // SeqCst: pairs with the SeqCst increment in `prepare_park`.
+        if sleepers.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        // Release (SeqCst): pairs with the waiter's load of `seq` (the
+        // ticket, or the futex's check of it): a waiter that sees the new
+        // `seq` sees the data stored before this ring.
+        seq.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+
+    /// The waiter's side: announce the intent to park, return the ticket.
+    /// The caller then re-checks for work and parks or cancels.
+    #[inline]
+    pub fn prepare_park<C: AtomicCount>(seq: &C, sleepers: &C) -> u32 {
+        // SeqCst: pairs with the SeqCst load of `sleepers` in `ring`.
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        // SeqCst: pairs with the SeqCst fence in `ring` (Dekker): orders
+        // the increment before the caller's re-check for work.
+        fence(Ordering::SeqCst);
+        // Acquire (SeqCst): pairs with the `seq` increment in `ring`.
+        seq.load(Ordering::SeqCst)
+    }
+
+    /// The waiter's side, after parking or instead of it.
+    #[inline]
+    pub fn end_park<C: AtomicCount>(sleepers: &C) {
+        // SeqCst: the count is read (SeqCst) by `ring`; nothing is published.
+        sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A futex event count over two `u32`s that the owner keeps alive.
@@ -84,28 +138,22 @@ impl FutexDoorbell {
 
 impl Doorbell for FutexDoorbell {
     fn ring(&self) {
-        // Partner: the SeqCst `sleepers` increment in prepare_park. The
-        // fence orders the caller's earlier Release stores (the data)
-        // before the load of `sleepers` (store→load needs SeqCst).
-        fence(Ordering::SeqCst);
-        if self.sleepers().load(Ordering::SeqCst) > 0 {
-            self.seq().fetch_add(1, Ordering::SeqCst);
+        if event_count::ring(self.seq(), self.sleepers()) {
             futex_wake(self.seq());
         }
     }
 
     fn prepare_park(&self) -> u32 {
-        self.sleepers().fetch_add(1, Ordering::SeqCst);
-        self.seq().load(Ordering::SeqCst)
+        event_count::prepare_park(self.seq(), self.sleepers())
     }
 
     fn park(&self, ticket: u32, timeout: Duration) {
         futex_wait(self.seq(), ticket, timeout);
-        self.sleepers().fetch_sub(1, Ordering::SeqCst);
+        event_count::end_park(self.sleepers());
     }
 
     fn cancel_park(&self) {
-        self.sleepers().fetch_sub(1, Ordering::SeqCst);
+        event_count::end_park(self.sleepers());
     }
 }
 
@@ -148,6 +196,7 @@ fn futex_wake(word: &AtomicU32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering;
     use std::sync::Arc;
     use std::time::Instant;
 

@@ -33,6 +33,7 @@ pub mod doorbell;
 pub mod row;
 pub mod shm;
 pub mod sim;
+pub mod sync;
 pub mod tcp;
 
 use std::ops::Range;

@@ -9,7 +9,7 @@
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// A borrowed view of one row: `len` bytes at `base`, 64-byte aligned.
 #[derive(Clone, Copy)]
@@ -83,6 +83,56 @@ impl<'a> RowRef<'a> {
         unsafe { &*(self.base.as_ptr().add(offset) as *const AtomicU32) }
     }
 
+    /// The `u64` words covering bytes `offset..offset + len` (8-aligned
+    /// offset, length a multiple of 8, in bounds).
+    #[inline(always)]
+    fn words(&self, offset: usize, len: usize) -> &'a [AtomicU64] {
+        assert!(
+            offset.is_multiple_of(8) && len.is_multiple_of(8) && offset <= self.len && len <= self.len - offset,
+            "word range {offset}+{len} bad for row of {}",
+            self.len
+        );
+        // SAFETY:
+        // - in bounds and 8-aligned (asserted above; base is 64-aligned);
+        // - AtomicU64 has the size and alignment of u64, so `len / 8` of
+        //   them cover exactly these bytes, and may alias memory that other
+        //   threads and processes access atomically;
+        // - the memory outlives 'a (constructor contract).
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(offset) as *const AtomicU64, len / 8) }
+    }
+
+    /// Copy bytes `offset..offset + dst.len()` into `dst` with `Relaxed`
+    /// word loads (8-aligned offset, length a multiple of 8).
+    ///
+    /// The read side of a seqlock: unlike [`RowRef::bytes`], this is sound
+    /// while a writer may be storing the same bytes (a lapping writer),
+    /// because every access is atomic; the copy may be torn, and the
+    /// caller decides after an `Acquire` fence whether to keep it.
+    #[inline]
+    pub fn copy_atomic(&self, offset: usize, dst: &mut [u8]) {
+        let words = self.words(offset, dst.len());
+        for (word, out) in words.iter().zip(dst.chunks_exact_mut(8)) {
+            out.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
+        }
+    }
+
+    /// Store `src` at bytes `offset..offset + src.len()` with `Relaxed`
+    /// word stores (8-aligned offset, length a multiple of 8).
+    ///
+    /// The write side of a seqlock: sound while a reader may be copying
+    /// the same bytes with [`RowRef::copy_atomic`]. Publication is the
+    /// caller's (a `Release` store of the guard that covers them).
+    #[inline]
+    pub fn store_atomic(&self, offset: usize, src: &[u8]) {
+        let words = self.words(offset, src.len());
+        for (word, bytes) in words.iter().zip(src.chunks_exact(8)) {
+            word.store(
+                u64::from_ne_bytes(bytes.try_into().expect("8 bytes")),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
     /// Bytes `offset..offset + len` for reading.
     ///
     /// # Safety
@@ -118,5 +168,87 @@ impl<'a> RowRef<'a> {
         );
         // SAFETY: in bounds (asserted); exclusive access (caller contract).
         unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(offset), len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One cache line of row memory (rows are 64-byte aligned).
+    #[repr(C, align(64))]
+    struct Line([u8; 64]);
+
+    fn rows(lines: usize) -> Vec<Line> {
+        (0..lines).map(|_| Line([0; 64])).collect()
+    }
+
+    fn row_of(lines: &mut [Line]) -> RowRef<'_> {
+        let len = lines.len() * 64;
+        // SAFETY: the buffer is 64-aligned, `len` bytes long, ours for the
+        // borrow, and only accessed through the RowRef below.
+        unsafe { RowRef::new(NonNull::new(lines.as_mut_ptr() as *mut u8).expect("non-null"), len) }
+    }
+
+    #[test]
+    fn scalars_and_byte_ranges_round_trip() {
+        let mut lines = rows(2);
+        let row = row_of(&mut lines);
+        row.u64_at(8).store(0x0102_0304_0506_0708, Ordering::Relaxed);
+        row.u32_at(20).store(7, Ordering::Relaxed);
+        // SAFETY: single-threaded test: no other access to these bytes.
+        unsafe { row.bytes_mut(64, 5).copy_from_slice(b"hello") };
+        // SAFETY: as above.
+        assert_eq!(unsafe { row.bytes(64, 5) }, b"hello");
+        assert_eq!(row.u64_at(8).load(Ordering::Relaxed), 0x0102_0304_0506_0708);
+        assert_eq!(row.u32_at(20).load(Ordering::Relaxed), 7);
+    }
+
+    #[test]
+    fn atomic_copies_round_trip() {
+        let mut lines = rows(2);
+        let row = row_of(&mut lines);
+        let src: Vec<u8> = (0..48u8).collect();
+        row.store_atomic(16, &src);
+        let mut dst = vec![0u8; 48];
+        row.copy_atomic(16, &mut dst);
+        assert_eq!(dst, src);
+        // SAFETY: single-threaded test: no other access to these bytes.
+        assert_eq!(unsafe { row.bytes(16, 48) }, &src[..], "same bytes as a plain read");
+    }
+
+    #[test]
+    #[should_panic(expected = "word range")]
+    fn atomic_copies_reject_unaligned_ranges() {
+        let mut lines = rows(1);
+        let row = row_of(&mut lines);
+        row.copy_atomic(4, &mut [0u8; 8]);
+    }
+
+    /// A writer lapping a reader (the rt seqlock's situation): every access
+    /// is atomic, so this is sound (Miri checks it: `scripts/miri.sh`); the
+    /// reader may see a mix of versions, but every word is one the writer
+    /// wrote whole.
+    #[test]
+    fn a_writer_may_race_an_atomic_copy() {
+        let mut lines = rows(1);
+        let row = row_of(&mut lines);
+        let rounds = if cfg!(miri) { 20 } else { 2_000 };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for v in 1..=rounds as u64 {
+                    let words: Vec<u8> = (0..8).flat_map(|_| v.to_ne_bytes()).collect();
+                    row.store_atomic(0, &words);
+                }
+            });
+            let mut copy = [0u8; 64];
+            for _ in 0..rounds {
+                row.copy_atomic(0, &mut copy);
+                for word in copy.chunks_exact(8) {
+                    let v = u64::from_ne_bytes(word.try_into().expect("8 bytes"));
+                    assert!(v <= rounds as u64, "word {v} was never written");
+                }
+            }
+        });
     }
 }

@@ -321,6 +321,8 @@ impl ShmFabric {
             return Err(FabricError::RankTaken {
                 group: options.group.clone(),
                 rank,
+                // Acquire: pairs with the Release store of `state` in the
+                // holder's `open_locked` (which publishes its pid).
                 pid: slot.pid.load(Ordering::Acquire),
             });
         }
@@ -339,8 +341,9 @@ impl ShmFabric {
         slot.pid.store(std::process::id(), Ordering::Relaxed);
         slot.joined_unix_ns.store(unix_ns(), Ordering::Relaxed);
         slot.left_unix_ns.store(0, Ordering::Relaxed);
-        // Partner: the Acquire load of `state` in `joined()`: a peer that
-        // sees "running" sees the zeroed row and the pid.
+        // Release: pairs with the Acquire loads of `state` in `joined`,
+        // `check_peers`, `lost_peers` and `GroupFile::member_state` (publishes
+        // the zeroed row, the pid and the join time).
         slot.state.store(SLOT_RUNNING, Ordering::Release);
         Ok((map, recovered_stale))
     }
@@ -380,7 +383,9 @@ fn init_header(header: &ShmHeader, options: &ShmOptions, row_len_bytes: usize) {
         std::ptr::copy_nonoverlapping(description.as_ptr(), dst, n);
     }
     header.init_complete.store(1, Ordering::Relaxed);
-    // Partner: the Acquire load of `magic` in check_header / open_header.
+    // Release: pairs with the Acquire loads of `magic` in `check_header`,
+    // `describe_stale` and `GroupFile::open` (publishes the header fields
+    // and the description above).
     header.magic.store(MAGIC, Ordering::Release);
 }
 
@@ -391,7 +396,8 @@ fn check_header(
     file_len: usize,
     total_bytes: usize,
 ) -> Result<(), FabricError> {
-    let found = describe_header(header);
+    // Acquire: pairs with the Release store of `magic` in `init_header`
+    // (the fields below and the description).
     let matches = header.magic.load(Ordering::Acquire) == MAGIC
         && header.version.load(Ordering::Relaxed) == VERSION
         && header.member_count.load(Ordering::Relaxed) as usize == options.member_count
@@ -403,7 +409,7 @@ fn check_header(
     } else {
         Err(FabricError::LayoutMismatch {
             group: options.group.clone(),
-            found,
+            found: describe_header(header),
             expected: options.layout_description.clone(),
         })
     }
@@ -430,6 +436,7 @@ fn describe_stale(file: &File) -> Option<String> {
         .ok()?;
     // SAFETY: HEADER_BYTES mapped; nobody is alive to write it.
     let header = unsafe { &*(map.as_ptr() as *const ShmHeader) };
+    // Acquire: pairs with the Release store of `magic` in `init_header`.
     if header.magic.load(Ordering::Acquire) != MAGIC {
         return Some("a file that is not a Spindle group (no magic); replaced it".to_string());
     }
@@ -478,8 +485,9 @@ impl Fabric for ShmFabric {
     #[inline(always)]
     fn push(&self, range: Range<usize>, _peers: PeerSet) -> Result<(), FabricError> {
         check_range(&range, self.row_len_bytes)?;
-        // Rows are read in place: a push is ordering only. Partner: the
-        // Acquire loads of guards by peers reading this row.
+        // Rows are read in place: a push is ordering only.
+        // Release: pairs with the Acquire loads of guards by peers reading
+        // this row (publishes the bytes written before the push).
         fence(Ordering::Release);
         Ok(())
     }
@@ -487,13 +495,16 @@ impl Fabric for ShmFabric {
     fn check_peers(&self) -> Result<(), FabricError> {
         let header = self.header();
         for rank in (0..self.member_count).filter(|r| *r != self.rank) {
+            // Acquire: pairs with the Release stores of `state` in
+            // `open_locked` (running) and `drop` (left).
             match header.members[rank].state.load(Ordering::Acquire) {
                 SLOT_LEFT => return Err(FabricError::PeerLeft { rank }),
                 SLOT_RUNNING => {
                     let held = lock_held(&self.file, LOCK_RANK_BASE + rank as i64)
                         .map_err(|e| FabricError::io(format!("probe lock of member {rank}"), e))?;
                     // The slot still says running: re-read it, since a clean
-                    // leave sets `left` before releasing the lock.
+                    // leave sets `left` before releasing the lock. Acquire:
+                    // pairs with the Release store of SLOT_LEFT in `drop`.
                     if !held && header.members[rank].state.load(Ordering::Acquire) == SLOT_RUNNING {
                         return Err(FabricError::PeerGone { rank });
                     }
@@ -508,12 +519,15 @@ impl Fabric for ShmFabric {
         let header = self.header();
         let mut lost = 0u64;
         for rank in (0..self.member_count).filter(|r| *r != self.rank) {
+            // Acquire: pairs with the Release stores of `state` in
+            // `open_locked` (running) and `drop` (left).
             match header.members[rank].state.load(Ordering::Acquire) {
                 SLOT_LEFT => lost |= 1 << rank,
                 SLOT_RUNNING => {
                     // A failed probe counts as alive: suspicion by heartbeat
                     // still catches a member that is really gone.
                     let held = lock_held(&self.file, LOCK_RANK_BASE + rank as i64).unwrap_or(true);
+                    // Acquire: pairs with the Release store of SLOT_LEFT in `drop`.
                     if !held && header.members[rank].state.load(Ordering::Acquire) == SLOT_RUNNING {
                         lost |= 1 << rank;
                     }
@@ -528,7 +542,8 @@ impl Fabric for ShmFabric {
         let header = self.header();
         let mut set = 0u64;
         for rank in 0..self.member_count {
-            // Partner: the Release store of SLOT_RUNNING in open_locked.
+            // Acquire: pairs with the Release store of SLOT_RUNNING in
+            // `open_locked` (the member's zeroed row and pid).
             if header.members[rank].state.load(Ordering::Acquire) != SLOT_EMPTY {
                 set |= 1 << rank;
             }
@@ -549,6 +564,9 @@ impl Drop for ShmFabric {
     fn drop(&mut self) {
         let slot = &self.header().members[self.rank];
         slot.left_unix_ns.store(unix_ns(), Ordering::Relaxed);
+        // Release: pairs with the Acquire loads of `state` in peers'
+        // `check_peers` / `lost_peers` and `GroupFile::member_state`
+        // (publishes the leave time).
         slot.state.store(SLOT_LEFT, Ordering::Release);
         self.doorbell.ring();
         // The last member out removes the file. Holding the setup lock
@@ -615,6 +633,7 @@ impl GroupFile {
             .map_err(|e| FabricError::io(format!("mmap {}", path.display()), e))?;
         // SAFETY: at least HEADER_BYTES mapped.
         let header = unsafe { &*(map.as_ptr() as *const ShmHeader) };
+        // Acquire: pairs with the Release store of `magic` in `init_header`.
         if header.magic.load(Ordering::Acquire) != MAGIC {
             return Err(FabricError::InvalidOption(format!(
                 "{} is not a Spindle group file",
@@ -671,6 +690,8 @@ impl GroupFile {
 
     /// The state of `rank`'s slot: "empty", "running", "left" or "crashed".
     pub fn member_state(&self, rank: usize) -> &'static str {
+        // Acquire: pairs with the Release stores of `state` in
+        // `open_locked` and `drop`.
         match self.header().members[rank].state.load(Ordering::Acquire) {
             SLOT_EMPTY => "empty",
             SLOT_LEFT => "left",

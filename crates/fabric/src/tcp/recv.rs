@@ -166,7 +166,7 @@ pub fn run(inner: Arc<Inner>) {
             continue;
         }
         nap_us = RECV_NAP_US;
-        if inner.sleepers.load(Ordering::SeqCst) > 0 || parks != parks_seen {
+        if inner.sleepers.any() || parks != parks_seen {
             // A progress thread is parked in `park`, polling the same
             // sockets, or parked since our last look (it will again): it
             // receives, and this thread stays out of its way (one wake-up
