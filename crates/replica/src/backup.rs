@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use spindle_fabric::{Fabric, PeerSet};
-use spindle_sst::{IdleStrategy, Idler};
+use spindle_runtime::{IdleStrategy, Idler};
 
 use crate::disk::SegmentDisk;
 use crate::layout::{Completion, ReplicaLayout, COUNTER_RPC_COPIES, COUNTER_SEGMENTS_FLUSHED, ROLE_BACKUP};
@@ -203,14 +203,12 @@ impl<F: Fabric> Shared<F> {
     /// in our copy of the master's row. Returns 1 when it moved.
     fn echo(&self) -> Result<u32, String> {
         let me = self.me();
-        let seen = self.master_head();
-        let own = self.fabric.row(me);
+        let seen = self.fabric.row(self.master).u64_at(self.layout.head.offset(me));
         let cell = self.layout.head.offset(me);
-        if own.u64_at(cell).load(Ordering::Relaxed) == seen {
+        // The orderings and their partners: see `crate::echo`.
+        if crate::echo::step(seen, self.fabric.row(me).u64_at(cell)).is_none() {
             return Ok(0);
         }
-        // Partner: the Acquire load in the master's wait_replies.
-        own.u64_at(cell).store(seen, Ordering::Release);
         self.fabric
             .push(cell..cell + 8, PeerSet(1 << self.master))
             .map_err(|e| e.to_string())?;

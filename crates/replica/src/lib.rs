@@ -41,6 +41,7 @@ pub mod backup;
 pub mod command;
 pub mod config;
 pub mod disk;
+pub mod echo;
 pub mod layout;
 pub mod linearizability;
 pub mod log;

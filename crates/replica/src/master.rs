@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use spindle_fabric::{Fabric, PeerSet};
-use spindle_sst::monotonic_coarse_ns;
+use spindle_runtime::monotonic_coarse_ns;
 
 use crate::command::Replicator;
 use crate::layout::{Completion, ReplicaLayout, COUNTER_APPENDS, COUNTER_FLOW_WAITS, ROLE_MASTER, ROLE_STOPPED};

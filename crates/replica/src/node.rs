@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use spindle_fabric::shm::{ShmFabric, ShmOptions};
 use spindle_fabric::tcp::{PeerStatus, TcpFabric, TcpOptions};
 use spindle_fabric::{Fabric, PeerSet};
-use spindle_sst::{monotonic_coarse_ns, IdleStrategy};
+use spindle_runtime::{monotonic_coarse_ns, IdleStrategy};
 
 use crate::backup::Backup;
 use crate::disk::SegmentDisk;

@@ -22,7 +22,7 @@ use spindle_replica::log::LogGeometry;
 use spindle_replica::node::{log_bytes_max, Leader, Membership, Node, NodeConfig};
 use spindle_replica::record::RecordKind;
 use spindle_replica::Mode;
-use spindle_sst::IdleStrategy;
+use spindle_runtime::IdleStrategy;
 
 const SEGMENT_BYTES: usize = 16 * 1024;
 

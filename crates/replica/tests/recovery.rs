@@ -15,7 +15,7 @@ use spindle_replica::log::LogGeometry;
 use spindle_replica::node::{Leader, Node, NodeConfig};
 use spindle_replica::record::{encoded_len, RecordKind};
 use spindle_replica::Mode;
-use spindle_sst::IdleStrategy;
+use spindle_runtime::IdleStrategy;
 
 /// xorshift64*: a seed reproduces a scenario.
 struct Rng(u64);
