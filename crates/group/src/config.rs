@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use spindle_sst::IdleStrategy;
+use spindle_runtime::IdleStrategy;
 
 use crate::GroupError;
 

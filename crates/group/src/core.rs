@@ -47,7 +47,7 @@ use spindle_fabric::{Fabric, FabricError, PeerSet, RowRef};
 use crate::config::{DeliveryMode, GroupConfig};
 use crate::counters::{self, Counters};
 use crate::layout::{SmcLayout, NULL_COUNT_SKIP, SLOT_HEADER_BYTES};
-use crate::membership::{DeliverOnly, MembershipState, Upcalls, View};
+use crate::membership::{MembershipState, Upcalls, View};
 use crate::send_ring::SendRing;
 use crate::sync::Ordering;
 use crate::GroupError;
@@ -275,8 +275,10 @@ impl<F: Fabric> GroupCore<F> {
         // The guard and its view, in one push.
         self.fabric.push(guard..guard + 16, self.everyone)?;
         let me = self.row(self.my_rank);
-        // Partner: the Acquire loads of `smc_view` in `sender_ready` and
-        // `refresh_tags` of every peer.
+        // Release: pairs with the Acquire loads of `smc_view` in
+        // `sender_ready`, `refresh_tags`, `stable` and the membership's
+        // `fresh_proposal` of every peer (publishes the zeroed counters,
+        // the guard's view and the base slot of `reset_smc`).
         me.u64_at(self.layout.smc_view.offset())
             .store(self.view + 1, Ordering::Release);
         self.fabric.push(self.layout.progress_range(), self.everyone)?;
@@ -298,6 +300,8 @@ impl<F: Fabric> GroupCore<F> {
         let all = self
             .view_members
             .iter()
+            // Acquire: pairs with the Release store of `smc_view` in each
+            // member's `tag_view` (its counters are of this view).
             .all(|&r| self.row(r).u64_at(off).load(Ordering::Acquire) == tag);
         self.all_tagged = all;
         all
@@ -310,7 +314,8 @@ impl<F: Fabric> GroupCore<F> {
             return Some(base);
         }
         let row = self.row(self.sender_ranks[i]);
-        // Partner: the Release store of `smc_view` in `tag_view`.
+        // Acquire: pairs with the Release store of `smc_view` in the
+        // sender's `tag_view` (its zeroed guard and its base slot).
         if row.u64_at(self.layout.smc_view.offset()).load(Ordering::Acquire) != self.view + 1 {
             return None;
         }
@@ -348,15 +353,12 @@ impl<F: Fabric> GroupCore<F> {
         self.fabric.row(rank)
     }
 
-    /// One bounded pass (see the module docs). `deliver` is called once per
-    /// delivered message, in delivery order.
-    pub fn step<D: FnMut(&Delivery<'_>)>(&mut self, now_ns: u64, deliver: &mut D) -> Result<u32, GroupError> {
-        self.step_with(now_ns, &mut DeliverOnly(deliver))
-    }
-
-    /// One bounded pass with every upcall: deliveries, view changes, and
-    /// the snapshot a joiner gets (see [`Upcalls`]).
-    pub fn step_with<U: Upcalls + ?Sized>(&mut self, now_ns: u64, up: &mut U) -> Result<u32, GroupError> {
+    /// One bounded pass (see the module docs) with every upcall to `up`:
+    /// deliveries (once per delivered message, in delivery order), view
+    /// changes, and the snapshot a joiner gets (see [`Upcalls`]; a
+    /// delivery closure is an `Upcalls` too). Never blocks: a pass does at
+    /// most a bounded amount of work (one window per sender) and returns.
+    pub fn step<U: Upcalls + ?Sized>(&mut self, now_ns: u64, up: &mut U) -> Result<u32, GroupError> {
         self.mship.report_first_view(up);
         let mut work = 0u32;
         let smc_running = self.smc_running();
@@ -448,6 +450,8 @@ impl<F: Fabric> GroupCore<F> {
             }
         }
         for (i, &rank) in self.sender_ranks.iter().enumerate() {
+            // Acquire: pairs with the Release store of the guard in the
+            // sender's `publish` (a hint here: `receive_from` loads it again).
             if self.sender_base[i].is_none()
                 || self
                     .row(rank)
@@ -517,7 +521,8 @@ impl<F: Fabric> GroupCore<F> {
                     self.fabric.push(r, self.peers)?;
                 }
             }
-            // Partner: the Acquire load of the guard in `receive_from`.
+            // Release: pairs with the Acquire load of the guard in peers'
+            // `receive_from` (and `has_work`) (publishes the batch's slots).
             me.u64_at(guard).store(from + n - self.my_base, Ordering::Release);
             self.fabric.push(guard..guard + 8, self.peers)?;
             self.counters.add(counters::PUBLISH_BATCHES, 1);
@@ -525,7 +530,8 @@ impl<F: Fabric> GroupCore<F> {
             for p in from..from + n {
                 let off = self.layout.slot_offset(p);
                 self.fabric.push(off..off + self.slot_used_bytes(p), self.peers)?;
-                // Partner: the Acquire load of the guard in `receive_from`.
+                // Release: pairs with the Acquire load of the guard in
+                // peers' `receive_from` (and `has_work`) (publishes slot `p`).
                 me.u64_at(guard).store(p + 1 - self.my_base, Ordering::Release);
                 self.fabric.push(guard..guard + 8, self.peers)?;
                 self.counters.add(counters::PUBLISH_BATCHES, 1);
@@ -568,6 +574,9 @@ impl<F: Fabric> GroupCore<F> {
             );
             self.received_frontier = frontier;
             let me = self.row(self.my_rank);
+            // Release: pairs with the Acquire loads of the frontier in
+            // peers' `stable` and the membership's `fresh_proposal`
+            // (the slots below it are received here).
             me.u64_at(self.layout.received_frontier.offset())
                 .store(frontier, Ordering::Release);
             self.counters.add(counters::RECEIVE_BATCHES, 1);
@@ -586,7 +595,8 @@ impl<F: Fabric> GroupCore<F> {
         let rank = self.sender_ranks[i];
         let fabric = Arc::clone(&self.fabric);
         let row = fabric.row(rank);
-        // Partner: the Release store of the guard in `publish`.
+        // Acquire: pairs with the Release store of the guard in the
+        // sender's `publish` (the slots below it).
         let guard = row.u64_at(self.layout.guard.offset()).load(Ordering::Acquire);
         let mut p = self.recv_slots[i];
         if guard <= p {
@@ -594,6 +604,9 @@ impl<F: Fabric> GroupCore<F> {
         }
         // A sender that moved on to a newer view (this member was removed
         // and does not know yet) counts its guard from another base.
+        // Acquire: pairs with the Release store of `smc_view` in the
+        // sender's `tag_view`, which follows its store of `guard_view` in
+        // `reset_smc` (pushed with the guard, in one push).
         if row.u64_at(self.layout.guard_view.offset()).load(Ordering::Acquire) != self.view + 1 {
             return 0;
         }
@@ -647,10 +660,14 @@ impl<F: Fabric> GroupCore<F> {
         self.recv_slots[i] = p;
         self.recv_msgs[i] = msgs;
         let me = fabric.row(self.my_rank);
+        // Release: no protocol partner (the count is read by `spindle stat`
+        // and the checkers); Release keeps it behind the receipt it counts.
         me.u64_at(self.layout.received_num.offset(i))
             .store(msgs, Ordering::Release);
         if self.mode == DeliveryMode::Unordered {
             self.deliver_slots[i] = p;
+            // Release: pairs with the Acquire load of `released_slots` in
+            // the sender's `update_flow_limit` (we are done with its slots).
             me.u64_at(self.layout.released_slots.offset(i))
                 .store(p, Ordering::Release);
             self.counters.add(counters::DELIVERY_BATCHES, 1);
@@ -721,10 +738,13 @@ impl<F: Fabric> GroupCore<F> {
         for &rank in &self.view_members {
             if rank != self.my_rank {
                 let row = self.row(rank);
-                // Partner: the Release store of the frontier in `receive`.
+                // Acquire: pairs with the Release store of the frontier in
+                // the member's `receive`.
                 stable = stable.min(row.u64_at(off).load(Ordering::Acquire));
                 // A member that moved on to a newer view counts from zero
                 // again (same cache line as the frontier: no extra miss).
+                // Acquire: pairs with the Release store of `smc_view` in
+                // the member's `tag_view`.
                 if row.u64_at(tag).load(Ordering::Acquire) != self.view + 1 {
                     return self.delivered_num.min(stable);
                 }
@@ -883,10 +903,13 @@ impl<F: Fabric> GroupCore<F> {
 
     fn store_delivery_progress(&self) {
         let me = self.row(self.my_rank);
+        // Release: pairs with the Acquire load of `delivered_num` in the
+        // membership's `fresh_proposal` (the ragged edge).
         me.u64_at(self.layout.delivered_num.offset())
             .store(self.delivered_num, Ordering::Release);
         for s in 0..self.sender_ranks.len() {
-            // Partner: the Acquire load in `update_flow_limit` of the sender.
+            // Release: pairs with the Acquire load of `released_slots` in
+            // the sender's `update_flow_limit` (we are done with its slots).
             me.u64_at(self.layout.released_slots.offset(s))
                 .store(self.deliver_slots[s], Ordering::Release);
         }
@@ -915,8 +938,8 @@ impl<F: Fabric> GroupCore<F> {
         let off = self.layout.released_slots.offset(si);
         let mut released = u64::MAX;
         for &rank in &self.view_members {
-            // Partner: the Release store in `store_delivery_progress` /
-            // `receive_from` of each member.
+            // Acquire: pairs with the Release stores of `released_slots` in
+            // `store_delivery_progress` / `receive_from` of each member.
             released = released.min(self.row(rank).u64_at(off).load(Ordering::Acquire));
         }
         let limit = self.my_base + released + self.layout.window_slots as u64;
@@ -944,6 +967,7 @@ impl<F: Fabric> GroupCore<F> {
     }
 
     pub(crate) fn peer_finished(&self, rank: usize) -> bool {
+        // Acquire: pairs with the Release store in the peer's `set_finished`.
         self.row(rank)
             .u64_at(self.layout.finished.offset())
             .load(Ordering::Acquire)
@@ -953,6 +977,9 @@ impl<F: Fabric> GroupCore<F> {
     /// Mark this member finished (it has all it wants and will leave).
     pub fn set_finished(&self) -> Result<(), FabricError> {
         let off = self.layout.finished.offset();
+        // Release: pairs with the Acquire load in peers' `peer_finished`
+        // (`check_peers`, `all_finished`, the membership's `detect`): it
+        // publishes the delivery progress stored before it, pushed with it.
         self.row(self.my_rank).u64_at(off).store(1, Ordering::Release);
         self.push_progress_all()
     }

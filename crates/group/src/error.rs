@@ -26,6 +26,14 @@ pub enum GroupError {
     FellBehind { rank: usize, view: u64, group_view: u64 },
     #[error("state transfer to joiner {rank} failed: {reason}")]
     StateTransfer { rank: usize, reason: String },
+    /// A blocking call (leave, finish, join) gave up after its timeout.
+    #[error("timed out after {waited_ms} ms waiting for {waiting_for}")]
+    Timeout {
+        /// What the call was waiting for.
+        waiting_for: String,
+        /// How long it waited.
+        waited_ms: u64,
+    },
     #[error("member {rank} could not join group '{group}': {reason}")]
     JoinFailed { rank: usize, group: String, reason: String },
 }

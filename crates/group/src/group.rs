@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 use spindle_fabric::doorbell::Doorbell;
 use spindle_fabric::shm::{ShmFabric, ShmOptions};
 use spindle_fabric::Fabric;
-use spindle_sst::{monotonic_coarse_ns, Agent, AgentRunner, Idler, ThreadingMode};
+use spindle_runtime::{monotonic_coarse_ns, Agent, AgentRunner, Idler, ThreadingMode};
 
 use crate::config::GroupConfig;
-use crate::core::{Delivery, GroupCore};
+use crate::core::GroupCore;
 use crate::layout::SmcLayout;
-use crate::membership::{DeliverOnly, Upcalls, View};
+use crate::membership::{Upcalls, View};
 use crate::sender::Sender;
 use crate::GroupError;
 
@@ -24,7 +24,7 @@ use crate::GroupError;
 /// group.sender().unwrap().send(b"hello").unwrap();
 /// let mut got = Vec::new();
 /// while got.is_empty() {
-///     group.poll(&mut |d| got.push(d.payload.to_vec())).unwrap();
+///     group.poll(&mut |d: &spindle_group::Delivery<'_>| got.push(d.payload.to_vec())).unwrap();
 /// }
 /// assert_eq!(got[0], b"hello");
 /// ```
@@ -103,7 +103,7 @@ impl<F: Fabric> Group<F> {
         let mut group = Group::start_join(fabric, config)?;
         let started = Instant::now();
         while group.core.is_joining() {
-            group.poll_with_or_idle(app)?;
+            group.poll_or_idle(app)?;
             if started.elapsed() > group.config.join_timeout {
                 return Err(GroupError::JoinFailed {
                     rank,
@@ -136,10 +136,25 @@ impl<F: Fabric> Group<F> {
         self.core.my_rank()
     }
 
-    /// One progress pass; `deliver` sees every message delivered in it.
+    /// One progress pass: every upcall of the pass goes to `app`
+    /// (deliveries, view changes, snapshots: see [`Upcalls`]; a delivery
+    /// closure `|d: &Delivery<'_>| …` is an `Upcalls`). Never blocks: a
+    /// pass does a bounded amount of work (at most one window per sender)
+    /// and returns how much it did (0: nothing to do).
     #[inline]
-    pub fn poll<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
-        self.core.step(monotonic_coarse_ns(), deliver)
+    pub fn poll<U: Upcalls + ?Sized>(&mut self, app: &mut U) -> Result<u32, GroupError> {
+        self.core.step(monotonic_coarse_ns(), app)
+    }
+
+    /// [`Group::poll`], then, if the pass found nothing to do, the idle
+    /// strategy (`GroupConfig::idle`: spin, then yield, then park on the
+    /// fabric's doorbell for at most the strategy's park time, 1 ms by
+    /// default). Blocks for at most that park time.
+    #[inline]
+    pub fn poll_or_idle<U: Upcalls + ?Sized>(&mut self, app: &mut U) -> Result<u32, GroupError> {
+        let work = self.core.step(monotonic_coarse_ns(), app)?;
+        self.idle(work);
+        Ok(work)
     }
 
     /// Ask to join a running group without waiting: the returned member
@@ -160,8 +175,10 @@ impl<F: Fabric> Group<F> {
         self.core.is_joining()
     }
 
-    /// Ask to leave without waiting (see [`Group::leave`]).
-    pub fn request_leave(&mut self) -> Result<(), GroupError> {
+    /// The first half of [`Group::leave`], without waiting: ask for a view
+    /// without this member; later polls run the protocol until
+    /// [`Group::has_left`].
+    pub fn start_leave(&mut self) -> Result<(), GroupError> {
         self.core.request_leave()
     }
 
@@ -170,19 +187,21 @@ impl<F: Fabric> Group<F> {
         self.core.has_left()
     }
 
-    /// One progress pass with every upcall (deliveries, view changes,
-    /// snapshots: see [`Upcalls`]).
-    #[inline]
-    pub fn poll_with<U: Upcalls + ?Sized>(&mut self, app: &mut U) -> Result<u32, GroupError> {
-        self.core.step_with(monotonic_coarse_ns(), app)
+    /// Whether a pass would find work (cheap: the doorbell's check before
+    /// a progress loop parks).
+    pub fn has_work(&self) -> bool {
+        self.core.has_work()
     }
 
-    /// [`Group::poll_with`], then the idle strategy if it found nothing.
-    #[inline]
-    pub fn poll_with_or_idle<U: Upcalls + ?Sized>(&mut self, app: &mut U) -> Result<u32, GroupError> {
-        let work = self.core.step_with(monotonic_coarse_ns(), app)?;
-        self.idle(work);
-        Ok(work)
+    /// The doorbell this member's peers ring when they push to it.
+    pub fn doorbell(&self) -> &dyn Doorbell {
+        self.core.fabric().doorbell()
+    }
+
+    /// Count a progress loop's parks and yields so far in the live
+    /// counters (for loops that idle on their own, not with [`Group::idle`]).
+    pub fn record_idle(&mut self, parks: u64, yields: u64) {
+        self.core.record_idle(parks, yields);
     }
 
     /// The current view.
@@ -190,31 +209,25 @@ impl<F: Fabric> Group<F> {
         self.core.current_view()
     }
 
-    /// Leave the group: ask for a view without this member and run the
-    /// protocol until it is installed (deliveries up to the old view's
-    /// end go to `app`).
+    /// Leave the group while the others go on: ask for a view without this
+    /// member and run the protocol until it is installed (deliveries up to
+    /// the old view's end go to `app`). Needs membership on
+    /// (`GroupConfig::membership`); in a static group use
+    /// [`Group::finish_together`]. Fails with [`GroupError::Timeout`] after
+    /// `timeout`.
     pub fn leave<U: Upcalls + ?Sized>(&mut self, app: &mut U, timeout: Duration) -> Result<(), GroupError> {
         self.core.request_leave()?;
         let started = Instant::now();
         while !self.core.has_left() {
-            self.poll_with_or_idle(app)?;
+            self.poll_or_idle(app)?;
             if started.elapsed() > timeout {
-                return Err(GroupError::Config(format!(
-                    "the group did not install a view without member {} within {} ms",
-                    self.my_rank(),
-                    timeout.as_millis()
-                )));
+                return Err(GroupError::Timeout {
+                    waiting_for: format!("the group to install a view without member {}", self.my_rank()),
+                    waited_ms: timeout.as_millis() as u64,
+                });
             }
         }
         Ok(())
-    }
-
-    /// One pass, then the idle strategy if it found nothing to do.
-    #[inline]
-    pub fn poll_or_idle<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D) -> Result<u32, GroupError> {
-        let work = self.core.step(monotonic_coarse_ns(), deliver)?;
-        self.idle(work);
-        Ok(work)
     }
 
     /// Apply the idle strategy after a pass of the application's own loop
@@ -230,40 +243,33 @@ impl<F: Fabric> Group<F> {
         }
     }
 
-    /// Leave cleanly: mark this member finished, then keep the protocol
-    /// running (delivering into `deliver`) until every member is finished,
-    /// so nobody mistakes our exit for a crash.
-    pub fn finish<D: FnMut(&Delivery<'_>)>(&mut self, deliver: &mut D, timeout: Duration) -> Result<(), GroupError> {
+    /// End the group together: mark this member finished, then keep the
+    /// protocol running (upcalls to `app`) until every member is finished,
+    /// so nobody mistakes another's exit for a crash and no view change
+    /// happens. Every member calls it once it is done sending. Fails with
+    /// [`GroupError::Timeout`] after `timeout`.
+    pub fn finish_together<U: Upcalls + ?Sized>(&mut self, app: &mut U, timeout: Duration) -> Result<(), GroupError> {
         self.core.set_finished()?;
         let started = Instant::now();
         while !self.core.all_finished() {
-            self.poll_or_idle(deliver)?;
+            self.poll_or_idle(app)?;
             if started.elapsed() > timeout {
-                return Err(GroupError::Config(format!(
-                    "members did not all finish within {} ms",
-                    timeout.as_millis()
-                )));
+                return Err(GroupError::Timeout {
+                    waiting_for: "every member to finish".to_string(),
+                    waited_ms: timeout.as_millis() as u64,
+                });
             }
         }
         self.core.flush_counters();
         Ok(())
     }
 
-    /// Run the protocol on a progress thread (dedicated mode), handing
-    /// every delivery to `handler` on that thread.
-    pub fn spawn<H>(self, handler: H) -> GroupThread<F>
-    where
-        H: FnMut(&Delivery<'_>) + Send + 'static,
-    {
-        self.spawn_with(DeliverOnly(handler))
-    }
-
-    /// [`Group::spawn`] with every upcall: deliveries, view changes and
-    /// snapshots go to `app` on the progress thread (a [`crate::Replicated`]
-    /// state machine, say).
-    pub fn spawn_with<U: Upcalls + Send + 'static>(self, app: U) -> GroupThread<F> {
+    /// Run the protocol on a progress thread (dedicated mode): every
+    /// upcall goes to `app` on that thread (a delivery closure, or a
+    /// [`crate::Replicated`] state machine, say).
+    pub fn spawn<U: Upcalls + Send + 'static>(self, app: U) -> GroupThread<F> {
         let idle = self.config.idle;
-        let agent = GroupAgent::with_app(self, app);
+        let agent = GroupAgent::new(self, app);
         GroupThread {
             runner: AgentRunner::start(ThreadingMode::Dedicated, vec![agent], idle),
         }
@@ -302,12 +308,9 @@ pub struct GroupAgent<F: Fabric> {
 }
 
 impl<F: Fabric> GroupAgent<F> {
-    pub fn new<H: FnMut(&Delivery<'_>) + Send + 'static>(group: Group<F>, handler: H) -> GroupAgent<F> {
-        GroupAgent::with_app(group, DeliverOnly(handler))
-    }
-
-    /// An agent whose every upcall goes to `app`.
-    pub fn with_app<U: Upcalls + Send + 'static>(group: Group<F>, app: U) -> GroupAgent<F> {
+    /// An agent whose every upcall goes to `app` (a delivery closure is
+    /// an [`Upcalls`] too).
+    pub fn new<U: Upcalls + Send + 'static>(group: Group<F>, app: U) -> GroupAgent<F> {
         GroupAgent {
             group,
             handler: Box::new(app),
@@ -318,7 +321,7 @@ impl<F: Fabric> GroupAgent<F> {
 impl<F: Fabric> Agent for GroupAgent<F> {
     type Error = GroupError;
     fn do_work(&mut self, now_ns: u64) -> Result<u32, GroupError> {
-        self.group.core.step_with(now_ns, &mut *self.handler)
+        self.group.core.step(now_ns, &mut *self.handler)
     }
     fn has_work(&self) -> bool {
         self.group.core.has_work()

@@ -29,7 +29,7 @@
 //! let mut slot = sender.reserve(5).unwrap();
 //! slot.payload_mut().copy_from_slice(b"hello");
 //! slot.commit();
-//! group.poll(&mut |d| println!("seq {} from {}: {:?}", d.seq, d.sender_rank, d.payload)).unwrap();
+//! group.poll(&mut |d: &spindle_group::Delivery<'_>| println!("seq {} from {}: {:?}", d.seq, d.sender_rank, d.payload)).unwrap();
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -51,6 +51,6 @@ pub use crate::config::{DeliveryMode, GroupConfig, SenderSet};
 pub use crate::core::{Delivery, GroupCore, Positions};
 pub use crate::error::{GroupError, SendError};
 pub use crate::group::{Group, GroupAgent, GroupThread};
-pub use crate::membership::{DeliverOnly, Upcalls, View};
+pub use crate::membership::{Upcalls, View};
 pub use crate::sender::{SendSlot, Sender};
 pub use crate::state_machine::{Replicated, StateMachine};

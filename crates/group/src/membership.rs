@@ -1,4 +1,4 @@
-//! Membership: Derecho's view change, driven from [`GroupCore::step_with`].
+//! Membership: Derecho's view change, driven from [`GroupCore::step`].
 //!
 //! A view is a set of ranks of the fabric (its *capacity*); ranks outside
 //! the view may join, members may leave or fail. Every member publishes a
@@ -70,13 +70,12 @@ pub trait Upcalls {
     }
 }
 
-/// [`Upcalls`] for a delivery closure alone (owned, or `&mut` borrowed).
-pub struct DeliverOnly<D>(pub D);
-
-impl<D: FnMut(&Delivery<'_>)> Upcalls for DeliverOnly<D> {
+/// A delivery closure is the [`Upcalls`] of a group that only delivers
+/// (no view-change hook, an empty snapshot): `group.poll(&mut |d: &Delivery<'_>| …)`.
+impl<D: FnMut(&Delivery<'_>)> Upcalls for D {
     #[inline(always)]
     fn deliver(&mut self, d: &Delivery<'_>) {
-        (self.0)(d)
+        self(d)
     }
 }
 
@@ -213,24 +212,34 @@ impl<F: Fabric> GroupCore<F> {
 
     #[inline]
     fn m_load(&self, rank: usize, field: usize) -> u64 {
-        // Partner: the Release stores in `m_store` of the row's owner.
+        // Acquire: pairs with the Release stores in `m_store` of the row's
+        // owner (what it stored before the field: e.g. its proposal before
+        // `M_ACK`); in `read_row` it also keeps the closing version load
+        // after this one (the membership seqlock).
         self.row(rank).u64_at(self.layout.mship(field)).load(Ordering::Acquire)
     }
 
     fn m_store(&self, field: usize, value: u64) {
-        // Partner: the Acquire loads in `m_load` of every peer.
+        // Release: pairs with the Acquire loads in `m_load` of every peer
+        // (publishes what this member stored before the field).
         self.row(self.my_rank)
             .u64_at(self.layout.mship(field))
             .store(value, Ordering::Release);
     }
 
     fn p_load(&self, rank: usize, field: usize) -> u64 {
+        // Acquire: pairs with the Release stores in `p_store` of the row's
+        // owner (the seqlock version and the proposal fields of `update`);
+        // in `read_row` it also keeps the closing version load after it.
         self.row(rank)
             .u64_at(self.layout.proposal(field))
             .load(Ordering::Acquire)
     }
 
     fn p_store(&self, field: usize, value: u64) {
+        // Release: pairs with the Acquire loads in `p_load` of every peer:
+        // the odd version before the fields, the fields, then the even
+        // version after them (the seqlock of `update` / `read_row`).
         self.row(self.my_rank)
             .u64_at(self.layout.proposal(field))
             .store(value, Ordering::Release);
@@ -281,8 +290,9 @@ impl<F: Fabric> GroupCore<F> {
                 joiners: self.p_load(rank, P_JOINERS),
             },
         };
-        // Partner: the Release store of the even version in `update`; the
-        // Acquire loads above keep this load after them.
+        // Acquire (in `p_load`): pairs with the Release store of the even
+        // version in `update`; the Acquire loads above keep this load after
+        // them, so a reader that saw any rewritten field sees the version move.
         (self.p_load(rank, P_VERSION) == before).then_some(row)
     }
 
@@ -468,6 +478,9 @@ impl<F: Fabric> GroupCore<F> {
             if r == self.my_rank || self.mship.suspected & (1 << r) != 0 || self.peer_finished(r) {
                 continue;
             }
+            // Acquire: no Release partner (the owner bumps its heartbeat with
+            // a Relaxed fetch_add in `step`): only the count's movement
+            // matters here, nothing is published with it.
             let hb = self.row(r).u64_at(hb_off).load(Ordering::Acquire);
             if hb != self.mship.hb_seen[r] || self.mship.hb_moved_ns[r] == 0 {
                 self.mship.hb_seen[r] = hb;
@@ -627,10 +640,16 @@ impl<F: Fabric> GroupCore<F> {
         let mut leavers = 0u64;
         for r in PeerSet(survivors).iter() {
             let row = self.row(r);
+            // Acquire: pairs with the Release store of `smc_view` in the
+            // member's `tag_view` (its progress counters are of this view).
             let (frontier, delivered) = if row.u64_at(self.layout.smc_view.offset()).load(Ordering::Acquire) == tag {
                 (
+                    // Acquire: pairs with the Release store of the frontier
+                    // in the member's `receive`.
                     row.u64_at(self.layout.received_frontier.offset())
                         .load(Ordering::Acquire),
+                    // Acquire: pairs with the Release store of
+                    // `delivered_num` in the member's `store_delivery_progress`.
                     row.u64_at(self.layout.delivered_num.offset()).load(Ordering::Acquire),
                 )
             } else {

@@ -25,7 +25,7 @@
 //! let mut group = Group::join_shm(GroupConfig::new("counter", 3), 0).unwrap();
 //! group.sender().unwrap().send(&5u64.to_le_bytes()).unwrap();
 //! loop {
-//!     group.poll_with(&mut counter).unwrap();
+//!     group.poll(&mut counter).unwrap();
 //! }
 //! ```
 
@@ -47,7 +47,7 @@ pub trait StateMachine {
 }
 
 /// A [`StateMachine`] as the [`Upcalls`] of a group: pass it to
-/// [`crate::Group::poll_with`].
+/// [`crate::Group::poll`].
 pub struct Replicated<S> {
     pub state: S,
     /// The view the state is in.

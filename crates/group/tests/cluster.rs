@@ -102,7 +102,7 @@ fn member(config: GroupConfig, rank: usize, per_sender: u64, total: u64, sizes: 
             break;
         }
     }
-    group.finish(&mut |_| {}, Duration::from_secs(30)).expect("finish");
+    group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).expect("finish");
     log
 }
 
@@ -168,13 +168,13 @@ fn uneven_senders_are_unblocked_by_nulls() {
                         sent += 1;
                     }
                     group
-                        .poll_or_idle(&mut |d| {
+                        .poll_or_idle(&mut |d: &spindle_group::Delivery<'_>| {
                             assert_eq!(d.sender_rank, 0, "only sender 0 sends data");
                             got += 1;
                         })
                         .unwrap();
                 }
-                group.finish(&mut |_| {}, Duration::from_secs(30)).unwrap();
+                group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
                 group.core().counters().values[spindle_group::counters::NULL_RUNS]
             })
         })
@@ -210,7 +210,7 @@ fn a_vanished_member_of_a_pair_leaves_a_minority_that_stops() {
     let mut group = Group::join_shm(config, 0).unwrap();
     other.join().unwrap();
     let err = loop {
-        match group.poll_or_idle(&mut |_| {}) {
+        match group.poll_or_idle(&mut |_: &spindle_group::Delivery<'_>| {}) {
             Ok(_) => continue,
             Err(e) => break e,
         }
@@ -234,7 +234,7 @@ fn a_vanished_member_is_reported_by_rank() {
     let mut group = Group::join_shm(config, 0).unwrap();
     other.join().unwrap();
     let err = loop {
-        match group.poll_or_idle(&mut |_| {}) {
+        match group.poll_or_idle(&mut |_: &spindle_group::Delivery<'_>| {}) {
             Ok(_) => continue,
             Err(e) => break e,
         }
@@ -274,13 +274,13 @@ fn several_application_threads_send_at_once_without_loss_or_duplication() {
             let mut seen = std::collections::HashSet::new();
             while seen.len() < (THREADS * PER_THREAD) as usize {
                 group
-                    .poll_or_idle(&mut |d| {
+                    .poll_or_idle(&mut |d: &spindle_group::Delivery<'_>| {
                         let key = u64::from_le_bytes(d.payload[..8].try_into().unwrap());
                         assert!(seen.insert(key), "no duplication: {key:#x} delivered twice");
                     })
                     .unwrap();
             }
-            group.finish(&mut |_| {}, Duration::from_secs(30)).unwrap();
+            group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
             seen.len()
         })
     };
@@ -288,7 +288,7 @@ fn several_application_threads_send_at_once_without_loss_or_duplication() {
     let sender = group.sender().unwrap();
     let delivered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let counter = delivered.clone();
-    let running = group.spawn(move |_| {
+    let running = group.spawn(move |_: &spindle_group::Delivery<'_>| {
         counter.fetch_add(1, std::sync::atomic::Ordering::Release);
     });
     let apps: Vec<_> = (0..THREADS)
@@ -319,7 +319,7 @@ fn several_application_threads_send_at_once_without_loss_or_duplication() {
         std::thread::yield_now();
     }
     let mut group = running.stop().unwrap();
-    group.finish(&mut |_| {}, Duration::from_secs(30)).unwrap();
+    group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
     assert_eq!(
         peer.join().unwrap(),
         (THREADS * PER_THREAD) as usize,
@@ -391,7 +391,7 @@ fn spawned_members_get_view_changes_and_survive_a_member_leaving_abruptly() {
     let threads: Vec<_> = groups
         .into_iter()
         .zip(&states)
-        .map(|(g, s)| g.spawn_with(Shared(s.clone())))
+        .map(|(g, s)| g.spawn(Shared(s.clone())))
         .collect();
     // Member 2 goes away without finishing: its fabric's drop is a leave
     // the others see, and they install a view without it.

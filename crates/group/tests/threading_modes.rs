@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use spindle_group::{Group, GroupAgent, GroupConfig, SendError};
-use spindle_sst::{AgentRunner, IdleStrategy, ThreadingMode};
+use spindle_runtime::{AgentRunner, IdleStrategy, ThreadingMode};
 
 const PER_MEMBER: u64 = 500;
 
@@ -53,13 +53,13 @@ fn dedicated_progress_threads_deliver_everything_and_hand_the_group_back() {
                 let sender = group.sender().unwrap();
                 let delivered = Arc::new(AtomicU64::new(0));
                 let counter = delivered.clone();
-                let running = group.spawn(move |_| {
+                let running = group.spawn(move |_: &spindle_group::Delivery<'_>| {
                     counter.fetch_add(1, Ordering::Release);
                 });
                 send_all(&sender);
                 wait_for(&delivered, 2 * PER_MEMBER);
                 let mut group = running.stop().expect("progress thread ran cleanly");
-                group.finish(&mut |_| {}, Duration::from_secs(30)).unwrap();
+                group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
                 delivered.load(Ordering::Acquire)
             })
         })
@@ -81,11 +81,11 @@ fn one_shared_thread_runs_two_groups() {
             let mut gb = Group::join_shm(b, 1).unwrap();
             let (mut na, mut nb) = (0u64, 0u64);
             while na < PER_MEMBER || nb < PER_MEMBER {
-                ga.poll_or_idle(&mut |_| na += 1).unwrap();
-                gb.poll_or_idle(&mut |_| nb += 1).unwrap();
+                ga.poll_or_idle(&mut |_: &spindle_group::Delivery<'_>| na += 1).unwrap();
+                gb.poll_or_idle(&mut |_: &spindle_group::Delivery<'_>| nb += 1).unwrap();
             }
-            ga.finish(&mut |_| {}, Duration::from_secs(30)).unwrap();
-            gb.finish(&mut |_| {}, Duration::from_secs(30)).unwrap();
+            ga.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
+            gb.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
             (na, nb)
         })
     };
@@ -97,10 +97,10 @@ fn one_shared_thread_runs_two_groups() {
     let delivered = Arc::new(AtomicU64::new(0));
     let (ca, cb) = (delivered.clone(), delivered.clone());
     let agents = vec![
-        GroupAgent::new(ga, move |_| {
+        GroupAgent::new(ga, move |_: &spindle_group::Delivery<'_>| {
             ca.fetch_add(1, Ordering::Release);
         }),
-        GroupAgent::new(gb, move |_| {
+        GroupAgent::new(gb, move |_: &spindle_group::Delivery<'_>| {
             cb.fetch_add(1, Ordering::Release);
         }),
     ];
@@ -110,7 +110,7 @@ fn one_shared_thread_runs_two_groups() {
     wait_for(&delivered, 2 * PER_MEMBER);
     let mut agents = runner.stop().expect("shared thread ran cleanly");
     for agent in agents.iter_mut() {
-        agent.group.finish(&mut |_| {}, Duration::from_secs(30)).unwrap();
+        agent.group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
     }
     assert_eq!(peers.join().unwrap(), (PER_MEMBER, PER_MEMBER));
 }

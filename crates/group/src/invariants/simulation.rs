@@ -10,8 +10,8 @@
 //!      advance time; inject the faults due now; deliver the chunks due
 //!      for each member (random order, slow ones skip turns):
 //!          application sends a burst → GroupCore::step(its clock) → deliveries
-//!          → OnlineChecker (every property, after every step)
-//!  end: fault-free → every member delivered everything (log checkers too);
+//!          → Checker (every property, after every step)
+//!  end: fault-free → every member delivered everything (no gaps);
 //!       a member lost → every other member stopped with MemberGone
 //! ```
 //!
@@ -29,15 +29,16 @@
 //! to another change; it belongs in `crate::sim` (see the report of the
 //! change that added it).
 
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use spindle_fabric::sim::{Sabotage, SimEvent, SimFabric, SimOptions, SimRng, SimWorld};
 use spindle_fabric::{Fabric, PeerSet};
-use spindle_sst::Agent;
+use spindle_runtime::Agent;
 
-use super::online::{Delivered, OnlineChecker};
+use super::checker::{Checker, Delivered};
 use super::{Logs, ViewEntry, ViewLogs, Violation};
 use crate::layout::SmcLayout;
 use crate::sender::Sender;
@@ -517,7 +518,7 @@ struct Cluster {
     senders: Vec<Option<Sender<SimFabric>>>,
     inboxes: Vec<Inbox>,
     ends: Vec<MemberEnd>,
-    checker: OnlineChecker,
+    checker: Checker,
     logs: Logs,
     view_logs: ViewLogs,
     /// Messages sent per member rank.
@@ -594,7 +595,7 @@ impl Cluster {
             .filter(|r| initial.contains(r))
             .collect();
         Ok(Cluster {
-            checker: OnlineChecker::with_members(0, &initial, n, &sender_ranks, plan.mode == DeliveryMode::Ordered),
+            checker: Checker::with_members(0, &initial, n, &sender_ranks, plan.mode == DeliveryMode::Ordered),
             spec: spec.clone(),
             world,
             agents,
@@ -705,7 +706,7 @@ impl Cluster {
         if let Some((rank, step)) = self.plan.leaver {
             if step == self.step && self.ends[rank] == MemberEnd::Running {
                 if let Some(agent) = self.agents[rank].as_mut() {
-                    if agent.group.request_leave().is_err() {
+                    if agent.group.start_leave().is_err() {
                         self.ends[rank] = MemberEnd::Stopped("could not ask to leave".into());
                     }
                     // From here on it agrees to any view that drops it.
@@ -972,47 +973,33 @@ impl Cluster {
         each.join("; ")
     }
 
-    fn final_checks(&self) -> Result<(), SimFailure> {
-        let ordered = self.plan.mode == DeliveryMode::Ordered;
-        super::no_duplication::check(&self.logs).map_err(|v| self.fail(v))?;
-        super::fifo::check(&self.logs).map_err(|v| self.fail(v))?;
-        super::integrity::check(&self.logs).map_err(|v| self.fail(v))?;
-        if ordered {
-            super::total_order::check(&self.logs).map_err(|v| self.fail(v))?;
-        }
-        let left = (0..self.spec.members)
-            .filter(|m| self.ends[*m] == MemberEnd::Left || self.plan.leaver.is_some_and(|(r, _)| r == *m))
-            .collect();
-        super::view_chain::check_with_left(&self.view_logs, &left).map_err(|v| self.fail(v))?;
-        super::sending_view::check(&self.logs, &self.view_logs).map_err(|v| self.fail(v))?;
-        if ordered {
-            // Delivered on receipt (unordered), a message may reach one
-            // member and not another before its sender fails.
-            super::no_loss::check(&self.logs, &self.view_logs).map_err(|v| self.fail(v))?;
-            super::virtual_synchrony::check(&self.logs, &self.view_logs).map_err(|v| self.fail(v))?;
-        }
-        let running: Vec<usize> = (0..self.spec.members)
-            .filter(|m| self.ends[*m] == MemberEnd::Running)
-            .collect();
+    /// The end of the run: the checker's end-of-run properties (no gaps,
+    /// when the membership never changed), then liveness.
+    fn final_checks(&mut self) -> Result<(), SimFailure> {
         let all_running = self
             .ends
             .iter()
             .all(|e| matches!(e, MemberEnd::Running | MemberEnd::NotStarted));
-        if all_running && self.plan.joiner.is_none() && !super::membership_changed(&self.logs, &self.view_logs) {
-            let expected = running
-                .iter()
-                .filter(|m| self.senders[**m].is_some())
-                .map(|m| (*m, self.sent[*m]))
-                .collect();
-            return super::no_gaps::check(&self.logs, &expected).map_err(|mut v| {
+        let static_run = all_running && self.plan.joiner.is_none() && !self.checker.membership_changed();
+        let expected: Option<BTreeMap<usize, u64>> = static_run.then(|| {
+            (0..self.spec.members)
+                .filter(|m| self.ends[*m] == MemberEnd::Running && self.senders[*m].is_some())
+                .map(|m| (m, self.sent[m]))
+                .collect()
+        });
+        if let Err(mut v) = self.checker.finish(expected.as_ref()) {
+            if v.property == super::no_gaps::PROPERTY {
                 v.detail = format!(
                     "{} after {} drain steps; {}",
                     v.detail,
                     self.plan.drain_steps_max,
                     self.positions()
                 );
-                self.fail(v)
-            });
+            }
+            return Err(self.fail(v));
+        }
+        if static_run {
+            return Ok(());
         }
         self.quiescent().map_err(|why| {
             self.fail(Violation::new(

@@ -2,103 +2,97 @@
 //! through a view change together delivered the same set of messages in
 //! the view that ended. When view `v` ends, the ragged edge (the messages
 //! some but not all members received) is cleaned up: each message of it
-//! is delivered by every survivor or by none. So for every two members
-//! that installed `v` and a later view, the sets of `(sender, index)` they
-//! delivered in `v` are equal.
+//! is delivered by every survivor or by none.
 //!
-//! A member that stopped in `v` (crashed or still running: no later view
-//! line) may have delivered less and is not compared: in ordered mode
-//! [`super::total_order`] checks that it delivered a prefix.
+//! The first member to install a view after `v` (having installed `v`) is
+//! the reference; every later one must not have delivered in `v` a
+//! message the reference did not (one that lacks a message the reference
+//! delivered breaks [`super::no_loss`]). A member that stopped in `v`
+//! (crashed or still running) may have delivered less and is not
+//! compared: total order checks that it delivered a prefix.
 
-use std::collections::{BTreeMap, BTreeSet};
+use super::checker::{Context, Event, Property};
+use super::survivors::Survivors;
+use super::Violation;
 
-use super::{last_installed, Logs, ViewLogs, Violation};
+pub const PROPERTY: &str = "virtual synchrony";
 
-const PROPERTY: &str = "virtual synchrony";
+#[derive(Default)]
+pub struct VirtualSynchrony {
+    survivors: Survivors,
+}
 
-pub fn check(logs: &Logs, views: &ViewLogs) -> Result<(), Violation> {
-    let last = last_installed(views);
-    // Per view: the members that installed it and a later view.
-    let mut movers: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-    for (member, entries) in views {
-        for v in entries.iter().filter(|v| v.view < last[member]) {
-            movers.entry(v.view).or_default().push(*member);
-        }
+impl Property for VirtualSynchrony {
+    fn name(&self) -> &'static str {
+        PROPERTY
     }
-    for (view, members) in &movers {
-        let set = |m: usize| -> BTreeSet<(usize, u64)> {
-            logs.get(&m)
-                .into_iter()
-                .flatten()
-                .filter(|e| e.view == *view)
-                .map(|e| (e.sender, e.index))
-                .collect()
-        };
-        let first = members[0];
-        let reference = set(first);
-        for &other in &members[1..] {
-            let theirs = set(other);
-            if theirs == reference {
-                continue;
+
+    fn observe(&mut self, ctx: &Context, event: &Event<'_>) -> Result<(), Violation> {
+        let v = match event {
+            Event::Delivery(d) => {
+                self.survivors.delivered(d);
+                return Ok(());
             }
-            let (has, lacks, msg) = match reference.difference(&theirs).next() {
-                Some(m) => (first, other, *m),
-                None => (
-                    other,
-                    first,
-                    *theirs.difference(&reference).next().expect("sets differ"),
-                ),
-            };
-            return Err(Violation::new(
+            Event::View(v) => v,
+        };
+        let Some(mv) = self.survivors.moving(ctx, v) else {
+            return Ok(());
+        };
+        let Some((r, rset)) = self.survivors.reference(mv.from) else {
+            self.survivors.set_reference(mv);
+            return Ok(());
+        };
+        match mv.set.difference(rset).next() {
+            Some((s, i)) => Err(Violation::new(
                 PROPERTY,
                 format!(
-                    "members {first} and {other} both moved on from view {view}, but member {has} delivered (sender {}, index {}) in it and member {lacks} did not ({} vs {} messages)",
-                    msg.0,
-                    msg.1,
-                    reference.len(),
-                    theirs.len()
+                    "member {} delivered (sender {s}, index {i}) in view {} and moved on to view {}; member {r} moved on from view {} without it ({} vs {} messages)",
+                    mv.member,
+                    mv.from,
+                    mv.to,
+                    mv.from,
+                    mv.set.len(),
+                    rset.len()
                 ),
-            ));
+            )),
+            None => Ok(()),
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::scenario::{self, View};
+    use super::super::{interleave, tests_support::both};
     use super::*;
 
     #[test]
     fn survivors_agree_and_crashed_or_running_members_may_lag() {
         // Member 3 crashed in view 0 after 2 of 5; in view 3 members 0
         // and 4 delivered 2, member 1 delivered 3 (no later view).
-        let (_, (logs, views)) = scenario::healthy();
-        check(&logs, &views).unwrap();
+        let (views, _) = scenario::healthy();
+        assert_eq!(both(&scenario::healthy_lines(&views), true), None);
     }
 
     #[test]
-    fn a_ragged_edge_reaching_some_survivors_only_is_caught() {
+    fn a_ragged_edge_that_reached_only_a_later_mover_is_caught() {
         let views = vec![
             View::new(0, &[0, 1, 2], &[(0, 0), (1, 0), (2, 0), (0, 1)]),
             View::new(1, &[0, 1], &[(0, 0)]),
         ];
-        // Member 2 crashed; the last message (0, 1) reached member 0's
-        // delivery but not member 1's, and both installed view 1.
-        let (logs, view_logs) = scenario::build(
+        // Member 2 crashed; the last message (0, 1) reached member 1's
+        // delivery but not member 0's, and both installed view 1: member 0
+        // moved on first (the reference), member 1 has more.
+        let lines = scenario::build_lines(
             &views,
-            &[(0, &[(0, 4), (1, 1)]), (1, &[(0, 3), (1, 1)]), (2, &[(0, 4)])],
+            &[(0, &[(0, 3), (1, 1)]), (1, &[(0, 4), (1, 1)]), (2, &[(0, 4)])],
         );
-        let e = check(&logs, &view_logs).unwrap_err();
+        let e = both(&lines, true).unwrap();
         assert_eq!(e.property, PROPERTY);
-        assert!(e.detail.contains("member 0 delivered (sender 0, index 1)"), "{e}");
-        assert!(e.detail.contains("member 1 did not"), "{e}");
-        // The same from the other side (the first member is the one that lacks).
-        let (logs, view_logs) = scenario::build(&views, &[(0, &[(0, 3), (1, 1)]), (1, &[(0, 4), (1, 1)])]);
-        assert!(check(&logs, &view_logs)
-            .unwrap_err()
-            .detail
-            .contains("member 1 delivered"));
+        assert!(
+            e.detail.contains("member 1 delivered (sender 0, index 1) in view 0 and moved on to view 1; member 0 moved on from view 0 without it (4 vs 3 messages)"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -107,6 +101,6 @@ mod tests {
         let views = vec![View::new(0, &[0, 1], &[(0, 0), (1, 0)]), View::new(1, &[0, 1], &[])];
         let (mut logs, view_logs) = scenario::build(&views, &[(0, &[(0, 2), (1, 0)]), (1, &[(0, 2), (1, 0)])]);
         logs.get_mut(&1).unwrap().swap(0, 1);
-        check(&logs, &view_logs).unwrap();
+        assert_eq!(both(&interleave(&logs, &view_logs), false), None);
     }
 }
