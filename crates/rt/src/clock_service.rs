@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use spindle_fabric::{Fabric, PeerSet};
-use spindle_sst::{monotonic_ns, IdleStrategy, Idler};
+use spindle_runtime::{monotonic_ns, IdleStrategy, Idler};
 
 use crate::clock::{ClockConfig, ClockError, ClockEstimator, ClockModel, Exchange, InjectedClock, Interval};
 use crate::layout::{RtLayout, CLOCK_ROUNDS};

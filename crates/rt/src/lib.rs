@@ -13,6 +13,8 @@
 //! - [`dispatch`]: which job runs next, early deadline-miss detection;
 //! - [`watchdog`]: the job claims that let a second thread report, at its
 //!   critical start time, a job a stalled dispatcher has not started;
+//! - [`seqlock`]: the channel slot's seqlock: a receive task that a
+//!   lapping sender overtakes never hands the application a torn copy;
 //! - [`clock`]: clock-sync estimator (min-RTT filter, offset and drift,
 //!   error bound) and injectable clocks;
 //! - [`buffers`]: registered buffers with FIFO, LIFO and sorted iterators.
@@ -41,7 +43,8 @@
 //! [`clock_service`] (exchanges over a fabric), [`node`] (channels over
 //! any [`spindle_fabric::Fabric`], shm or tcp: the two-phase collective
 //! commit, the dispatcher and its watchdog, uncommit, best-effort
-//! channels), [`scenario`] (the measurements of `spindle rt`).
+//! channels). The measurements of `spindle rt` (the thesis's scenarios)
+//! live in the `spindle-bench` crate.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod admission;
@@ -53,8 +56,9 @@ pub mod layout;
 pub mod node;
 pub mod os;
 pub mod qos;
-pub mod scenario;
+pub mod seqlock;
 pub mod spin;
+pub mod sync;
 pub mod watchdog;
 
 pub use admission::{admit_node, Admitted, Margins, RejectReason, Rejection};

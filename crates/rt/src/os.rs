@@ -5,7 +5,7 @@
 //! granted, so a run can report "SCHED_FIFO 80 granted" or "SCHED_FIFO
 //! refused: EPERM (run as root or grant CAP_SYS_NICE / RLIMIT_RTPRIO)".
 
-use spindle_sst::monotonic_ns;
+use spindle_runtime::monotonic_ns;
 
 /// What the OS granted the calling thread.
 #[derive(Debug, Clone, PartialEq, Eq)]

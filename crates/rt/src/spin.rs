@@ -35,7 +35,7 @@
 //! count is halved), so the window follows the machine. Everything is
 //! fixed-size: no allocation on the dispatch path.
 
-use spindle_sst::monotonic_ns;
+use spindle_runtime::monotonic_ns;
 
 use crate::os::{sleep_until_measured, Wake};
 

@@ -24,16 +24,16 @@
 //!  watchdog:          sleep ─▶ critical start of B: claim(B) ok → report "not started" (before B's deadline)
 //! ```
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use spindle_fabric::Fabric;
-use spindle_sst::monotonic_ns;
+use spindle_runtime::monotonic_ns;
 
 use crate::clock_service::GlobalClock;
 use crate::node::{MissKind, MissReport};
 use crate::os::request_rt_privileges;
 use crate::qos::TaskSpec;
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
 
 /// Longest single sleep of the watchdog (it re-reads the clock model at
 /// least this often). Long: each wake-up of a SCHED_FIFO thread can
@@ -72,9 +72,10 @@ pub struct WatchdogShared {
 }
 
 impl WatchdogShared {
-    pub fn new(claims: Box<[AtomicU64]>) -> WatchdogShared {
+    /// For `tasks` tasks, no job claimed yet.
+    pub fn new(tasks: usize) -> WatchdogShared {
         WatchdogShared {
-            claims,
+            claims: (0..tasks).map(|_| AtomicU64::new(0)).collect(),
             stop: AtomicBool::new(false),
             misses: AtomicU64::new(0),
         }
@@ -84,20 +85,28 @@ impl WatchdogShared {
     /// Jobs of one task are claimed in order by both sides, so the
     /// counter is `period` (unclaimed) or more (claimed).
     pub fn claim(&self, task: usize, period: u64) -> bool {
-        // Partner: this same compare_exchange (AcqRel) in the other thread
-        // (the dispatcher in `RtNode::run`, the watchdog in `run`).
+        // AcqRel: pairs with this same compare_exchange in the other thread
+        // (the dispatcher in `RtNode::run`, the watchdog in `run`) and with
+        // the Acquire load in `claimed`: whoever sees a job claimed sees
+        // what its claimer did before claiming it.
         self.claims[task]
             .compare_exchange(period, period + 1, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
 
+    /// How many jobs of `task` have been claimed (jobs `0..claimed`).
+    pub fn claimed(&self, task: usize) -> u64 {
+        // Acquire: pairs with the AcqRel compare_exchange in `claim`.
+        self.claims[task].load(Ordering::Acquire)
+    }
+
     pub(crate) fn set_stop(&self, stop: bool) {
-        // Partner: the Acquire load in `stopped`.
+        // Release: pairs with the Acquire load in `stopped`.
         self.stop.store(stop, Ordering::Release);
     }
 
     fn stopped(&self) -> bool {
-        // Partner: the Release store in `set_stop`.
+        // Acquire: pairs with the Release store in `set_stop`.
         self.stop.load(Ordering::Acquire)
     }
 }
@@ -135,9 +144,7 @@ pub(crate) fn run<F: Fabric>(
     let mut next = vec![0u64; tasks.len()];
     while !shared.stopped() {
         for (t, n) in next.iter_mut().enumerate() {
-            // Partner: the AcqRel compare_exchange in `claim`.
-            let claimed = shared.claims[t].load(Ordering::Acquire);
-            *n = (*n).max(claimed).min(tasks[t].1);
+            *n = (*n).max(shared.claimed(t)).min(tasks[t].1);
         }
         let due = (0..tasks.len())
             .filter(|&t| next[t] < tasks[t].1)
@@ -179,7 +186,7 @@ mod tests {
 
     #[test]
     fn each_job_is_claimed_once_whoever_comes_first() {
-        let s = WatchdogShared::new((0..2).map(|_| AtomicU64::new(0)).collect());
+        let s = WatchdogShared::new(2);
         assert!(s.claim(0, 0), "the dispatcher starts job 0");
         assert!(!s.claim(0, 0), "the watchdog finds it started");
         assert!(s.claim(1, 0), "the watchdog reports task 1's job 0");
@@ -190,7 +197,7 @@ mod tests {
 
     #[test]
     fn racing_claims_give_every_job_to_exactly_one_side() {
-        let s = Arc::new(WatchdogShared::new(vec![AtomicU64::new(0)].into_boxed_slice()));
+        let s = Arc::new(WatchdogShared::new(1));
         let jobs = 10_000u64;
         let side = |s: Arc<WatchdogShared>| std::thread::spawn(move || (0..jobs).filter(|&k| s.claim(0, k)).count());
         let (a, b) = (side(s.clone()), side(s.clone()));

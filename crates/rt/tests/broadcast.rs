@@ -45,7 +45,7 @@ fn member(group: String, rank: usize) -> (Vec<u64>, u64, u64) {
     let options = ShmOptions::new(&group, 3, layout.row.row_len_bytes(), layout.row.tag());
     let fabric = Arc::new(ShmFabric::open(&options, rank).unwrap());
     wait_all_joined(&*fabric, &group, Duration::from_secs(20)).unwrap();
-    let injected = InjectedClock::new(spindle_sst::monotonic_ns(), rank as i64 * 1_000_000, 0);
+    let injected = InjectedClock::new(spindle_runtime::monotonic_ns(), rank as i64 * 1_000_000, 0);
     let service = ClockService::start(fabric.clone(), layout.clone(), injected, ClockServiceConfig::default());
     service.wait_synced(200 * US, Duration::from_secs(20)).unwrap();
     let mut node = RtNode::new(fabric.clone(), layout, service.clock().clone(), channels).unwrap();

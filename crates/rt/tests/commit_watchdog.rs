@@ -47,7 +47,7 @@ fn members<T: Send + 'static>(
                 let options = ShmOptions::new(&group, members, layout.row.row_len_bytes(), layout.row.tag());
                 let fabric = Arc::new(ShmFabric::open(&options, rank).unwrap());
                 wait_all_joined(&*fabric, &group, Duration::from_secs(20)).unwrap();
-                let injected = InjectedClock::new(spindle_sst::monotonic_ns(), rank as i64 * 300_000, 0);
+                let injected = InjectedClock::new(spindle_runtime::monotonic_ns(), rank as i64 * 300_000, 0);
                 let service =
                     ClockService::start(fabric.clone(), layout.clone(), injected, ClockServiceConfig::default());
                 service.wait_synced(500 * US, Duration::from_secs(20)).unwrap();
