@@ -25,7 +25,7 @@ use spindle_replica::config::{ServiceConfig, Transport};
 use spindle_replica::node::{Membership, Node, NodeConfig};
 use spindle_replica::server::{bind, serve, ServeOptions};
 use spindle_replica::Mode;
-use spindle_sst::IdleStrategy;
+use spindle_runtime::IdleStrategy;
 
 #[derive(Subcommand, Debug)]
 pub enum KvCommand {
@@ -358,8 +358,8 @@ fn member_main<F: Membership>(node: Node<F>, config: &ServiceConfig, rank: usize
         }
         None => println!("spindle kv: member {rank} is master of epoch 0, serving {addr}"),
     }
-    serve(
-        listener,
+    let served = serve(
+        &listener,
         leader,
         ServeOptions {
             clients_max: config.clients_max,
@@ -367,5 +367,17 @@ fn member_main<F: Membership>(node: Node<F>, config: &ServiceConfig, rank: usize
             info_extra,
             stop: Some(&STOP),
         },
-    )
+    );
+    match served {
+        // Stopped cleanly, every backup's log sealed: leave at once, as a
+        // member process always has (the backups still read our row).
+        Ok(_leader) => std::process::exit(0),
+        Err(e @ spindle_replica::server::ServeError::Replication(_)) => {
+            // Writes nobody may see are in this process's objects: exit
+            // without another reply; the backups fail over from their logs.
+            eprintln!("spindle kv: {e}; master exits");
+            std::process::exit(70);
+        }
+        Err(e) => Err(e.to_string()),
+    }
 }

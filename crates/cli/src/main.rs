@@ -4,28 +4,19 @@
 //! - `spindle bench multicast …`: bandwidth and latency, one process per
 //!   member, against a raw shm ring measured in the same run.
 //! - `spindle stat`: live counters of the groups on this host.
+//!
+//! The benchmark and demo machinery lives in the `spindle-bench` crate;
+//! this binary parses arguments and dispatches (the hidden member
+//! subcommands are what that crate's process harnesses re-exec).
 
-mod baseline;
-mod bench;
-mod bench_replica;
-mod config;
-mod demo;
-mod failover;
 mod kv;
-mod member;
-mod payload;
-mod plot;
-mod procs;
-mod report;
-mod rt;
 mod run;
-mod sim;
 mod stat;
-mod view_member;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use spindle_bench::{baseline, demo, member, rt, sim, view_member, BenchCommand};
 
 #[derive(Parser)]
 #[command(
@@ -70,26 +61,11 @@ enum Command {
     ViewMember(view_member::ViewMemberArgs),
 }
 
-// Parsed once at start-up: the size of the largest variant does not matter.
-#[allow(clippy::large_enum_variant)]
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// Atomic multicast: one process per member on shared memory.
-    Multicast(bench::MulticastArgs),
-    /// One-sided vs RPC object replication (RAMCloud): write latency.
-    Replica(bench_replica::ReplicaArgs),
-    /// Membership: time from a member's failure to the new view at every
-    /// survivor, and throughput right after.
-    Failover(failover::FailoverArgs),
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
-        Command::Bench(BenchCommand::Multicast(args)) => bench::run(args),
-        Command::Bench(BenchCommand::Replica(args)) => bench_replica::run(args),
-        Command::Bench(BenchCommand::Failover(args)) => failover::bench(args),
+        Command::Bench(command) => spindle_bench::bench(command),
         Command::Stat(args) => stat::run(args),
         Command::Run(args) => run::run(args),
         Command::Kv(command) => kv::run(command),

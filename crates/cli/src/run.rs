@@ -10,9 +10,10 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::config::GroupFile;
-use crate::member::MemberSpec;
-use crate::report::{MemberResult, Percentiles};
+use spindle::config::GroupFile;
+use spindle_bench::member::{MemberSpec, TlsPaths};
+use spindle_bench::payload::PAYLOAD_BYTES_MIN;
+use spindle_bench::report::{MemberResult, Percentiles};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -40,34 +41,39 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<(), String> {
-    let file = GroupFile::load(&args.config)?;
-    let rank = file.rank_of(args.member)?;
-    if args.size < crate::payload::PAYLOAD_BYTES_MIN || args.size > file.slot_payload_max {
+    let file = GroupFile::load(&args.config).map_err(|e| e.to_string())?;
+    // `rank_of` fails only for an id outside the file: say it with the flag.
+    let rank = file.rank_of(args.member).map_err(|_| {
+        format!(
+            "--member {} is not in the configuration (its members are ids 0..={})",
+            args.member,
+            file.members.len().saturating_sub(1)
+        )
+    })?;
+    if args.size < PAYLOAD_BYTES_MIN || args.size > file.slot_payload_max {
         return Err(format!(
             "--size {} must be in {}..={} (group.slot_payload_max)",
-            args.size,
-            crate::payload::PAYLOAD_BYTES_MIN,
-            file.slot_payload_max
+            args.size, PAYLOAD_BYTES_MIN, file.slot_payload_max
         ));
     }
-    let config = file.group_config()?;
+    let config = file.group_config().map_err(|e| e.to_string())?;
     let key_hex = if file.transport == "tcp" {
-        crate::config::hex_encode(&file.read_key()?)
+        spindle::config::hex_encode(&file.read_key().map_err(|e| e.to_string())?)
     } else {
         String::new()
     };
-    if file.transport == "tcp" && !file.check_source_addr {
-        // Read by the member's tcp options (single-threaded here still).
-        std::env::set_var(crate::member::CHECK_SOURCE_ADDR_ENV, "false");
-    }
-    if let (true, Some(tls)) = (file.transport == "tcp", &file.tls) {
-        file.check_tls_files()?;
-        // Read by the member's tcp options, like the variable above.
-        std::env::set_var(crate::member::TLS_CERT_ENV, &tls.cert);
-        std::env::set_var(crate::member::TLS_KEY_ENV, &tls.key);
-        std::env::set_var(crate::member::TLS_CA_ENV, &tls.ca);
-    }
-    let result_dir = crate::bench::tempdir("run")?;
+    let tls = match (file.transport == "tcp", &file.tls) {
+        (true, Some(tls)) => {
+            file.check_tls_files().map_err(|e| e.to_string())?;
+            Some(TlsPaths {
+                cert: tls.cert.clone(),
+                key: tls.key.clone(),
+                ca: tls.ca.clone(),
+            })
+        }
+        _ => None,
+    };
+    let result_dir = spindle_bench::tempdir("run")?;
     let spec = MemberSpec {
         group: file.name.clone(),
         members: file.members.len(),
@@ -97,12 +103,15 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         peer_timeout_ms: file.peer_timeout_ms,
         membership: file.membership,
         suspect_timeout_ms: file.suspect_timeout_ms,
+        check_source_addr: file.check_source_addr,
+        tls,
+        burst_bytes: spindle_bench::member::BURST_BYTES,
     };
     println!(
         "spindle run: member {rank} of group '{}' ({} members over {}, {} delivery), {} × {} B per sender",
         spec.group, spec.members, spec.transport, spec.mode, spec.count, spec.size
     );
-    let outcome = crate::member::run_member(&spec, rank).map_err(|e| format!("member {rank}: {e}"));
+    let outcome = spindle_bench::member::run_member(&spec, rank).map_err(|e| format!("member {rank}: {e}"));
     let result = outcome.and_then(|()| {
         let path = MemberSpec::result_path(&result_dir, rank);
         let text = std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
@@ -150,7 +159,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
 fn latencies(dir: &std::path::Path, rank: usize) -> Result<(Percentiles, Percentiles), String> {
     let mut own = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
     let mut all = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
-    for (sender, _, ns) in crate::member::read_samples(dir, rank)? {
+    for (sender, _, ns) in spindle_bench::member::read_samples(dir, rank)? {
         let ns = (ns as u64).max(1);
         all.record(ns).map_err(|e| e.to_string())?;
         if sender as usize == rank {

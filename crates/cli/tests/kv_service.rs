@@ -5,26 +5,32 @@
 //! linearizability; a spare replacing a killed backup; a restart from the
 //! data directory after a clean stop.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::cell::RefCell;
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use spindle_bench::cluster::{signal_pid, Cluster, Output};
 use spindle_replica::linearizability::{check, Op, OpKind, OpResult};
 
 /// A running `spindle kv serve` with its members.
 struct Service {
-    supervisor: Child,
+    /// The supervisor in slot 0, stopped cleanly on drop (SIGTERM: it
+    /// stops its members), killed after 10 s. First, so it stops before
+    /// the data directory is removed.
+    cluster: RefCell<Cluster>,
     port: u16,
     member_pids: Vec<u32>,
-    lines: mpsc::Receiver<String>,
-    seen: std::cell::RefCell<Vec<String>>,
     data_dir: std::path::PathBuf,
     group: String,
     _dir: Option<tempfile::TempDir>,
 }
+
+/// How long a test waits for a line from the supervisor.
+const LINE_WAIT: Duration = Duration::from_secs(60);
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -56,66 +62,55 @@ impl Service {
             .position(|a| *a == "--spares")
             .map(|i| extra[i + 1].parse().unwrap())
             .unwrap_or(0);
-        let mut supervisor = Command::new(env!("CARGO_BIN_EXE_spindle"))
-            .args(["kv", "serve", "--port", &port.to_string(), "--group", &group])
-            .args(["--backups", &backups.to_string(), "--mode", mode])
-            .args(extra)
-            .arg("--data-dir")
-            .arg(data_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn spindle kv serve");
-        let stdout = supervisor.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
+        let mut cluster = Cluster::with_exe(env!("CARGO_BIN_EXE_spindle"), 1)
+            .streams(Output::Capture, Output::Inherit)
+            .stop_with(libc::SIGTERM, Duration::from_secs(10));
+        let mut args: Vec<String> = ["kv", "serve", "--port", &port.to_string(), "--group", &group]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(["--backups".into(), backups.to_string(), "--mode".into(), mode.into()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(["--data-dir".into(), data_dir.display().to_string()]);
+        cluster.start(0, args).expect("spawn spindle kv serve");
+        let mut member_pids = Vec::new();
+        while member_pids.len() < backups + 1 + spares {
+            let line = cluster
+                .wait_line(0, "member ", LINE_WAIT)
+                .unwrap_or_else(|e| panic!("{e}"));
+            if let Some(pid) = line.split("pid ").nth(1).and_then(|s| s.split_whitespace().next()) {
+                member_pids.push(pid.parse().unwrap());
             }
-        });
-        let mut service = Service {
-            supervisor,
+        }
+        cluster
+            .wait_line(0, "is master of epoch", LINE_WAIT)
+            .unwrap_or_else(|e| panic!("{e}"));
+        Service {
+            cluster: RefCell::new(cluster),
             port,
-            member_pids: Vec::new(),
-            lines,
-            seen: std::cell::RefCell::new(Vec::new()),
+            member_pids,
             data_dir: data_dir.to_path_buf(),
             group: group.clone(),
             _dir: dir,
-        };
-        while service.member_pids.len() < backups + 1 + spares {
-            let line = service.wait_line("member ");
-            if let Some(pid) = line.split("pid ").nth(1).and_then(|s| s.split_whitespace().next()) {
-                service.member_pids.push(pid.parse().unwrap());
-            }
         }
-        let line = service.wait_line("is master of epoch");
-        service.seen.borrow_mut().push(line);
-        service
     }
 
-    /// A line already seen by `start` or the next one containing `needle`.
+    /// A line already seen (by `start` too) or the next one containing
+    /// `needle`.
     fn wait_line_seen(&self, needle: &str) -> String {
-        if let Some(l) = self.seen.borrow().iter().find(|l| l.contains(needle)) {
-            return l.clone();
-        }
-        self.wait_line(needle)
+        self.cluster
+            .borrow_mut()
+            .find_line(0, needle, LINE_WAIT)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// The next stdout line containing `needle` (bounded wait: a hang
     /// fails the test instead of blocking it).
     fn wait_line(&self, needle: &str) -> String {
-        loop {
-            let line = self
-                .lines
-                .recv_timeout(Duration::from_secs(60))
-                .unwrap_or_else(|_| panic!("no line with '{needle}' from spindle kv serve"));
-            if line.contains(needle) {
-                return line;
-            }
-        }
+        self.cluster
+            .borrow_mut()
+            .wait_line(0, needle, LINE_WAIT)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn connect(&self) -> Resp {
@@ -123,29 +118,9 @@ impl Service {
     }
 
     fn kill_member(&self, rank: usize) {
-        // SAFETY: kill(2) on a pid we spawned (a member of this service).
-        let rc = unsafe { libc::kill(self.member_pids[rank] as i32, libc::SIGKILL) };
-        assert_eq!(rc, 0, "kill member {rank}");
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        if !matches!(self.supervisor.try_wait(), Ok(None)) {
-            return; // already reaped: its pid may belong to someone else now
-        }
-        // SAFETY: kill(2) on the supervisor we spawned and have not reaped
-        // (so the pid is still ours); it stops its members.
-        unsafe { libc::kill(self.supervisor.id() as i32, libc::SIGTERM) };
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.supervisor.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.supervisor.kill();
-        let _ = self.supervisor.wait();
+        // A member of this service (a child of its supervisor, which
+        // reaps it: the pid is still that member's when a test kills it).
+        signal_pid(self.member_pids[rank], libc::SIGKILL).unwrap_or_else(|e| panic!("kill member {rank}: {e}"));
     }
 }
 
@@ -570,8 +545,7 @@ fn restart_after_every_process_was_killed_recovers_what_reached_disk() {
             assert!(Instant::now() < deadline, "the open segment never reached disk");
             std::thread::sleep(Duration::from_millis(10));
         }
-        service.supervisor.kill().unwrap();
-        service.supervisor.wait().unwrap();
+        service.cluster.get_mut().kill(0).unwrap();
         // Members die with the supervisor (PR_SET_PDEATHSIG): wait for it.
         for pid in &service.member_pids {
             while std::path::Path::new(&format!("/proc/{pid}")).exists()

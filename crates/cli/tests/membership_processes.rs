@@ -4,88 +4,25 @@
 //! (with its view lines) passes the checkers. Each test bounds its run and
 //! kills what it started.
 
-mod common;
-
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use spindle_group::invariants::{self, read_lines, split_lines};
+use spindle_bench::cluster::{free_ports, Cluster, Output};
+use spindle_group::invariants::{self, read_lines};
 
-/// Member processes of one scenario, killed on drop (with the group's
-/// shm file and tcp stat files, which killed members cannot remove).
-struct Members {
-    children: Vec<Option<Child>>,
-    group: String,
+/// Member processes of one scenario (`spindle view-member`), killed on
+/// drop with the group's shm file and tcp stat files (which killed
+/// members cannot remove).
+fn members(ranks: usize, group: &str) -> Cluster {
+    Cluster::with_exe(env!("CARGO_BIN_EXE_spindle"), ranks)
+        .streams(Output::Capture, Output::Capture)
+        .owns_group(group, ranks)
 }
 
-impl Members {
-    fn new(ranks: usize, group: &str) -> Members {
-        Members {
-            children: (0..ranks).map(|_| None).collect(),
-            group: group.to_string(),
-        }
-    }
-
-    fn start(&mut self, rank: usize, args: &[String]) {
-        let child = Command::new(env!("CARGO_BIN_EXE_spindle"))
-            .arg("view-member")
-            .args(args)
-            .arg("--rank")
-            .arg(rank.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn a member");
-        self.children[rank] = Some(child);
-    }
-
-    fn pid(&self, rank: usize) -> i32 {
-        self.children[rank].as_ref().expect("running").id() as i32
-    }
-
-    fn signal(&self, rank: usize, signal: i32) {
-        // SAFETY: kill has no memory preconditions; the pid is our child's.
-        assert_eq!(unsafe { libc::kill(self.pid(rank), signal) }, 0, "signal member {rank}");
-    }
-
-    fn kill(&mut self, rank: usize) {
-        let mut child = self.children[rank].take().expect("running");
-        child.kill().expect("SIGKILL");
-        child.wait().expect("reap");
-    }
-
-    /// Wait (bounded) for a member to exit; its status and output.
-    fn wait(&mut self, rank: usize, timeout: Duration) -> (bool, String) {
-        let mut child = self.children[rank].take().expect("running");
-        let started = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                let out = child.wait_with_output().expect("output");
-                return (status.success(), common::text(&out));
-            }
-            if started.elapsed() > timeout {
-                child.kill().ok();
-                let out = child.wait_with_output().expect("output");
-                panic!("member {rank} did not exit within {timeout:?}: {}", common::text(&out));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Members {
-    fn drop(&mut self) {
-        for child in self.children.iter_mut().flatten() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_file(format!("/dev/shm/spindle-{}", self.group));
-        for rank in 0..self.children.len() {
-            let _ = std::fs::remove_file(format!("/dev/shm/spindle@tcp-{}@{rank}", self.group));
-        }
-    }
+/// Wait (bounded) for a member to exit; its status and output.
+fn wait(m: &mut Cluster, rank: usize, timeout: Duration) -> (bool, String) {
+    let exit = m.wait_exit(rank, timeout).unwrap_or_else(|e| panic!("{e}"));
+    (exit.status.success(), exit.output)
 }
 
 /// The views `rank` installed so far (from its delivery log).
@@ -147,9 +84,7 @@ fn end_state(dir: &Path, rank: usize) -> serde_json::Value {
 /// Every log in `dir` passes every checker (views included).
 fn check_logs(dir: &Path) {
     let lines = read_lines(dir).expect("read logs");
-    invariants::check_lines(&lines).expect("membership invariants");
-    let (logs, _) = split_lines(&lines);
-    invariants::total_order::check(&logs).expect("total order");
+    invariants::check_lines(&lines, true).expect("membership invariants and total order");
 }
 
 fn args(group: &str, dir: &Path, extra: &[&str]) -> Vec<String> {
@@ -182,44 +117,45 @@ fn kill_join_and_stop(group: &str, transport: &[&str], removed_errors: &[&str]) 
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let t = Duration::from_secs(20);
-    let mut m = Members::new(4, group);
-    let member_args = |extra: &[&str]| {
-        let mut a = args(group, d, transport);
+    let mut m = members(4, group);
+    let member_args = |rank: usize, extra: &[&str]| {
+        let mut a = vec!["view-member".to_string(), "--rank".into(), rank.to_string()];
+        a.extend(args(group, d, transport));
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     };
     for r in 0..3 {
-        m.start(r, &member_args(&[]));
+        m.start(r, member_args(r, &[])).expect("start a member");
     }
     wait_for_deliveries(d, 0, 0, 200, t);
 
     // SIGKILL member 2 during traffic (on tcp its connections reset): 0
     // and 1 go on without it.
-    m.kill(2);
+    m.kill(2).expect("SIGKILL member 2");
     let v1 = wait_for_view(d, 0, &[0, 1], t);
     wait_for_view(d, 1, &[0, 1], t);
     wait_for_deliveries(d, 1, v1, 200, t);
 
     // A new process joins as rank 3 (on tcp the others accept its
     // connections after open): it gets the state and delivers.
-    m.start(3, &member_args(&["--join"]));
+    m.start(3, member_args(3, &["--join"])).expect("start the joiner");
     let v2 = wait_for_view(d, 3, &[0, 1, 3], t);
     wait_for_deliveries(d, 3, v2, 200, t);
 
     // SIGSTOP member 1 past the suspicion timeout (only its heartbeat
     // tells): 0 and 3 remove it.
-    m.signal(1, libc::SIGSTOP);
+    m.signal(1, libc::SIGSTOP).expect("SIGSTOP member 1");
     let v3 = wait_for_view(d, 0, &[0, 3], t);
     wait_for_deliveries(d, 3, v3, 200, t);
     // Resumed, it learns it was removed and stops with a clear error.
-    m.signal(1, libc::SIGCONT);
-    let (ok, out) = m.wait(1, t);
+    m.signal(1, libc::SIGCONT).expect("SIGCONT member 1");
+    let (ok, out) = wait(&mut m, 1, t);
     assert!(!ok, "the removed member must fail");
     assert!(removed_errors.iter().any(|e| out.contains(e)), "{out}");
 
     std::fs::write(d.join("stop"), b"").unwrap();
     for r in [0, 3] {
-        let (ok, out) = m.wait(r, t);
+        let (ok, out) = wait(&mut m, r, t);
         assert!(ok, "member {r} failed: {out}");
     }
     // The survivors applied the same messages (the joiner from a snapshot).
@@ -239,28 +175,10 @@ fn shm_kill_join_and_stop_each_give_a_new_view_and_the_logs_agree() {
 #[test]
 fn tcp_kill_join_and_stop_each_give_a_new_view_and_the_logs_agree() {
     let group = format!("mship-tcp-{}", std::process::id());
-    let port = free_ports(4).to_string();
+    let port = free_ports(4).expect("free loopback ports").to_string();
     kill_join_and_stop(
         &group,
         &["--transport", "tcp", "--base-port", &port],
         &["was removed from the group", "minority partition"],
     );
-}
-
-/// `n` consecutive free loopback ports (bound and released).
-fn free_ports(n: u16) -> u16 {
-    for _ in 0..50 {
-        let first = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = first.local_addr().unwrap().port();
-        if base > 65000 {
-            continue;
-        }
-        let rest: Vec<_> = (1..n)
-            .map(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)))
-            .collect();
-        if rest.iter().all(|r| r.is_ok()) {
-            return base;
-        }
-    }
-    panic!("no {n} consecutive free ports");
 }

@@ -5,24 +5,23 @@
 //! members' event files for when each installed which view.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
 use spindle_group::invariants;
-use spindle_sst::monotonic_ns;
+use spindle_runtime::monotonic_ns;
 
+use crate::cluster::{free_ports, Cluster, Output};
 use crate::report::{Machine, Percentiles};
 use crate::view_member::{events_path, state_path};
 
 /// One group of `spindle view-member` processes.
 pub struct ViewRun {
     pub dir: PathBuf,
-    group: String,
     ranks: usize,
     common: Vec<String>,
-    children: Vec<Option<Child>>,
+    members: Cluster,
 }
 
 /// What a member's event file says.
@@ -48,6 +47,7 @@ impl ViewRun {
         std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         let group = format!("membership-{}-{}", std::process::id(), monotonic_ns() % 1_000_000);
         let mut common: Vec<String> = vec![
+            "view-member".into(),
             "--group".into(),
             group.clone(),
             "--ranks".into(),
@@ -67,12 +67,14 @@ impl ViewRun {
             common.push("--base-port".into());
             common.push(free_ports(ranks as u16)?.to_string());
         }
+        let members = Cluster::new(ranks)?
+            .streams(Output::Null, Output::Capture)
+            .owns_group(&group, ranks);
         let mut run = ViewRun {
             dir: dir.to_path_buf(),
-            group: group.clone(),
             ranks,
             common,
-            children: (0..ranks).map(|_| None).collect(),
+            members,
         };
         for rank in 0..initial {
             run.spawn(rank, false)?;
@@ -81,19 +83,12 @@ impl ViewRun {
     }
 
     fn spawn(&mut self, rank: usize, join: bool) -> Result<(), String> {
-        let exe = std::env::current_exe().map_err(|e| format!("find own executable: {e}"))?;
-        let mut cmd = Command::new(exe);
-        cmd.arg("view-member")
-            .args(&self.common)
-            .arg("--rank")
-            .arg(rank.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        let mut args = self.common.clone();
+        args.extend(["--rank".to_string(), rank.to_string()]);
         if join {
-            cmd.arg("--join");
+            args.push("--join".into());
         }
-        self.children[rank] = Some(cmd.spawn().map_err(|e| format!("spawn member {rank}: {e}"))?);
+        self.members.start(rank, args)?;
         Ok(())
     }
 
@@ -104,26 +99,12 @@ impl ViewRun {
 
     /// SIGKILL `rank` (and reap it). Returns the time of the kill.
     pub fn kill(&mut self, rank: usize) -> Result<u64, String> {
-        let mut child = self.children[rank]
-            .take()
-            .ok_or(format!("member {rank} is not running"))?;
-        let t = monotonic_ns();
-        child.kill().map_err(|e| format!("kill member {rank}: {e}"))?;
-        child.wait().map_err(|e| format!("reap member {rank}: {e}"))?;
-        Ok(t)
+        Ok(self.members.kill(rank)?)
     }
 
     /// Send `signal` to `rank`. Returns the time it was sent.
-    pub fn signal(&self, rank: usize, signal: i32) -> Result<u64, String> {
-        let child = self.children[rank]
-            .as_ref()
-            .ok_or(format!("member {rank} is not running"))?;
-        let t = monotonic_ns();
-        // SAFETY: kill has no memory preconditions; the pid is our child's.
-        if unsafe { libc::kill(child.id() as i32, signal) } != 0 {
-            return Err(format!("signal member {rank}: {}", std::io::Error::last_os_error()));
-        }
-        Ok(t)
+    pub fn signal(&mut self, rank: usize, signal: i32) -> Result<u64, String> {
+        Ok(self.members.signal(rank, signal)?)
     }
 
     pub fn events(&self, rank: usize) -> Events {
@@ -148,7 +129,7 @@ impl ViewRun {
             if times.iter().all(Option::is_some) {
                 return Ok(times.into_iter().flatten().max().unwrap_or(0));
             }
-            self.check_alive(who)?;
+            self.members.check_alive(who)?;
             if started.elapsed() > timeout {
                 return Err(format!(
                     "members {who:?} did not all install a view of {members:?} within {} ms",
@@ -166,7 +147,7 @@ impl ViewRun {
             if self.events(rank).delivered.last().is_some_and(|d| d.1 >= count) {
                 return Ok(());
             }
-            self.check_alive(&[rank])?;
+            self.members.check_alive(&[rank])?;
             if started.elapsed() > timeout {
                 return Err(format!(
                     "member {rank} did not deliver {count} messages within {} ms",
@@ -177,52 +158,26 @@ impl ViewRun {
         }
     }
 
-    fn check_alive(&mut self, who: &[usize]) -> Result<(), String> {
-        for &r in who {
-            if let Some(child) = self.children[r].as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    let mut err = String::new();
-                    if let Some(mut e) = child.stderr.take() {
-                        let _ = std::io::Read::read_to_string(&mut e, &mut err);
-                    }
-                    self.children[r] = None;
-                    return Err(format!("member {r} exited ({status}): {}", err.trim()));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Ask everyone to stop and wait: survivors must exit cleanly; a
     /// member in `removed` must fail with a removal error.
     pub fn stop(&mut self, removed: &[usize], timeout: Duration) -> Result<(), String> {
         std::fs::write(self.dir.join("stop"), b"").map_err(|e| format!("write stop file: {e}"))?;
         let started = Instant::now();
         for rank in 0..self.ranks {
-            let Some(mut child) = self.children[rank].take() else {
+            if self.members.pid(rank).is_none() {
                 continue;
-            };
-            let status = loop {
-                if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-                    break status;
-                }
-                if started.elapsed() > timeout {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(format!("member {rank} did not stop within {} ms", timeout.as_millis()));
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            };
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
             }
+            let left = timeout.saturating_sub(started.elapsed());
+            let exit = self.members.wait_exit(rank, left)?;
             if removed.contains(&rank) {
-                if status.success() || !err.contains("removed from the group") {
-                    return Err(format!("member {rank} should have stopped as removed: {status} {err}"));
+                if exit.status.success() || !exit.output.contains("removed from the group") {
+                    return Err(format!(
+                        "member {rank} should have stopped as removed: {} {}",
+                        exit.status, exit.output
+                    ));
                 }
-            } else if !status.success() {
-                return Err(format!("member {rank} failed: {}", err.trim()));
+            } else if !exit.status.success() {
+                return Err(format!("member {rank} failed: {}", exit.output.trim()));
             }
         }
         Ok(())
@@ -232,9 +187,7 @@ impl ViewRun {
     /// that ended cleanly agree on the replicated state.
     pub fn check(&self) -> Result<String, String> {
         let lines = invariants::read_lines(&self.dir)?;
-        invariants::check_lines(&lines).map_err(|v| v.to_string())?;
-        let (logs, _) = invariants::split_lines(&lines);
-        invariants::total_order::check(&logs).map_err(|v| v.to_string())?;
+        invariants::check_lines(&lines, true).map_err(|v| v.to_string())?;
         let mut digests = Vec::new();
         for rank in 0..self.ranks {
             if let Ok(text) = std::fs::read_to_string(state_path(&self.dir, rank)) {
@@ -246,20 +199,6 @@ impl ViewRun {
             return Err(format!("the survivors' replicated states differ: {digests:?}"));
         }
         Ok(digests.first().map(|d| d.2.clone()).unwrap_or_default())
-    }
-}
-
-impl Drop for ViewRun {
-    fn drop(&mut self) {
-        for child in self.children.iter_mut().flatten() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        // What killed members could not remove.
-        let _ = std::fs::remove_file(format!("/dev/shm/spindle-{}", self.group));
-        for rank in 0..self.ranks {
-            let _ = std::fs::remove_file(format!("/dev/shm/spindle@tcp-{}@{rank}", self.group));
-        }
     }
 }
 
@@ -292,24 +231,6 @@ pub fn rate_between(events: &Events, from: u64, to: u64) -> f64 {
         (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) as f64 * 1e9 / (b.0 - a.0) as f64,
         _ => 0.0,
     }
-}
-
-/// `n` consecutive free loopback ports.
-pub fn free_ports(n: u16) -> Result<u16, String> {
-    for _ in 0..50 {
-        let first = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        let base = first.local_addr().map_err(|e| e.to_string())?.port();
-        if base > 65000 - n {
-            continue;
-        }
-        let rest: Vec<_> = (1..n)
-            .map(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)))
-            .collect();
-        if rest.iter().all(|r| r.is_ok()) {
-            return Ok(base);
-        }
-    }
-    Err(format!("found no {n} consecutive free loopback ports"))
 }
 
 // ---- spindle bench failover --------------------------------------------------
@@ -389,7 +310,7 @@ pub fn bench(args: FailoverArgs) -> Result<(), String> {
     let victim = args.members - 1;
     let survivors: Vec<usize> = (0..victim).collect();
     for run in 0..args.runs {
-        let dir = crate::bench::tempdir("failover")?;
+        let dir = crate::tempdir("failover")?;
         let result = (|| -> Result<(u64, f64, f64), String> {
             let mut group = ViewRun::start(
                 &dir,
@@ -478,7 +399,7 @@ pub fn bench(args: FailoverArgs) -> Result<(), String> {
 /// Kill a member of a running 3-member group, show the view change, let a
 /// new process join, and check everything.
 pub fn demo_act() -> Result<(), String> {
-    let dir = crate::bench::tempdir("demo-failure")?;
+    let dir = crate::tempdir("demo-failure")?;
     let result = (|| -> Result<(), String> {
         println!();
         println!("Membership: 3 members multicast 2,000 msgs/s each; member 2 will be killed with SIGKILL");

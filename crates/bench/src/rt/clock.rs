@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use crate::rt::scenario::{ClockSample, Scenario, Summary};
 use clap::Args;
 use serde::Serialize;
-use spindle_rt::scenario::{ClockSample, Scenario, Summary};
 
 use super::common::*;
 use super::plot::two_panel_plot;

@@ -12,10 +12,11 @@ use spindle_group::counters::DELIVERED_MSGS;
 use spindle_group::layout::SmcLayout;
 use spindle_group::SenderSet;
 
+use crate::cluster::{read_results, Cluster};
 use crate::member::{read_samples, MemberSpec};
 use crate::payload::PAYLOAD_BYTES_MIN;
-use crate::procs::{read_results, MemberProcesses};
 use crate::report::{BenchReport, Machine, MemberResult, Percentiles};
+use crate::tempdir;
 
 #[derive(Args, Debug, Clone)]
 pub struct MulticastArgs {
@@ -105,7 +106,7 @@ impl MulticastArgs {
         let set = SenderSet::parse(&self.senders).map_err(|e| format!("--senders: {e}"))?;
         let ranks = set.ranks(self.members);
         spindle_group::DeliveryMode::parse(&self.mode).map_err(|e| format!("--mode: {e}"))?;
-        crate::member::parse_idle(&self.idle_name()).map_err(|e| format!("--idle: {e}"))?;
+        spindle::config::parse_idle(&self.idle_name()).map_err(|e| format!("--idle: {e}"))?;
         if self.size < PAYLOAD_BYTES_MIN {
             return Err(format!(
                 "--size {} must be at least {PAYLOAD_BYTES_MIN} (the bench carries a timestamp and a counter)",
@@ -212,7 +213,7 @@ pub fn measure_with_tcp(
         std::fs::File::open("/dev/urandom")
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
             .map_err(|e| format!("make a group key: {e}"))?;
-        (addresses, crate::config::hex_encode(&key))
+        (addresses, spindle::config::hex_encode(&key))
     } else {
         (Vec::new(), String::new())
     };
@@ -245,6 +246,9 @@ pub fn measure_with_tcp(
         peer_timeout_ms: 0,
         membership: spindle_group::config::defaults::MEMBERSHIP,
         suspect_timeout_ms: 0,
+        check_source_addr: true,
+        tls: None,
+        burst_bytes: crate::member::BURST_BYTES,
     };
     let total = args.count * ranks.len() as u64;
     let results = run_members(&spec, Duration::from_secs(args.timeout_s), None);
@@ -308,17 +312,6 @@ pub fn measure_with_tcp(
     Ok((report, tcp_baseline))
 }
 
-/// A fresh private directory for one run's result files.
-pub fn tempdir(what: &str) -> Result<PathBuf, String> {
-    let dir = std::env::temp_dir().join(format!(
-        "spindle-{what}-{}-{}",
-        std::process::id(),
-        spindle_sst::monotonic_ns()
-    ));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    Ok(dir)
-}
-
 /// Spawn one process per member, wait for all (calling `progress` with
 /// the messages delivered so far, summed over members), and read their
 /// results. A member that fails stops the run with its error.
@@ -328,7 +321,9 @@ pub fn run_members(
     progress: Option<&mut dyn FnMut(u64)>,
 ) -> Result<Vec<MemberResult>, String> {
     let json = serde_json::to_string(spec).map_err(|e| e.to_string())?;
-    let procs = MemberProcesses::spawn(spec.members, |rank| {
+    // The files that killed members cannot remove are removed on drop.
+    let mut procs = Cluster::new(spec.members)?.owns_group(&spec.group, spec.members);
+    procs.start_each(spec.members, |rank| {
         vec![
             "member".into(),
             "--rank".into(),
@@ -341,23 +336,15 @@ pub fn run_members(
     let layout = SmcLayout::new(&config);
     // Without a progress display the coordinator stays off the cores the
     // members spin on. A failed member fails the run: the others (which
-    // would go on in a new view) are stopped after the grace period, and
-    // the files that killed members cannot remove are removed here.
+    // would go on in a new view) are stopped after the grace period.
     let grace = Duration::from_millis(500);
-    let waited = match progress {
+    match progress {
         Some(report) => {
             let mut tick = || report(delivered_so_far(&spec.group, &layout));
-            procs.wait(timeout, grace, Duration::from_millis(20), &mut tick)
+            procs.wait_all(timeout, grace, Duration::from_millis(20), &mut tick)?
         }
-        None => procs.wait(timeout, grace, Duration::from_millis(100), &mut || {}),
+        None => procs.wait_all(timeout, grace, Duration::from_millis(100), &mut || {})?,
     };
-    if waited.is_err() {
-        let _ = std::fs::remove_file(format!("/dev/shm/spindle-{}", spec.group));
-        for rank in 0..spec.members {
-            let _ = std::fs::remove_file(format!("/dev/shm/spindle@tcp-{}@{rank}", spec.group));
-        }
-    }
-    waited?;
     read_results(spec.members, |rank| MemberSpec::result_path(&spec.result_dir, rank))
 }
 

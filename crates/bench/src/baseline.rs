@@ -16,13 +16,13 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use spindle_sst::monotonic_ns;
+use spindle_runtime::monotonic_ns;
 
+use crate::cluster::Cluster;
 use crate::payload;
 
 const READY: usize = 0;
@@ -112,33 +112,39 @@ pub struct BaselineResult {
 pub fn measure(size: usize, count: u64, window: usize, pin: bool) -> Result<BaselineResult, String> {
     let path = PathBuf::from(format!("/dev/shm/spindlebase-{}", std::process::id()));
     let ring = Ring::open(&path, size, window, true)?;
-    let exe = std::env::current_exe().map_err(|e| format!("find own executable: {e}"))?;
-    let spawn = |role: &str| {
-        Command::new(&exe)
-            .args(["baseline-member", "--role", role, "--size", &size.to_string()])
-            .args(["--count", &count.to_string(), "--window", &window.to_string()])
-            .args(if pin { &["--pin"][..] } else { &[][..] })
-            .arg("--path")
-            .arg(&path)
-            .spawn()
-            .map_err(|e| format!("spawn baseline {role}: {e}"))
-    };
+    // Slot 0 the consumer, slot 1 the producer; killed on drop.
+    let mut procs = Cluster::new(2)?;
     let result = (|| {
-        let mut consumer = spawn("consumer")?;
-        let mut producer = spawn("producer")?;
+        for (slot, role) in ["consumer", "producer"].into_iter().enumerate() {
+            let mut args: Vec<String> = ["baseline-member", "--role", role, "--size", &size.to_string()]
+                .into_iter()
+                .map(String::from)
+                .collect();
+            args.extend([
+                "--count".into(),
+                count.to_string(),
+                "--window".into(),
+                window.to_string(),
+            ]);
+            if pin {
+                args.push("--pin".into());
+            }
+            args.extend(["--path".into(), path.display().to_string()]);
+            procs.start(slot, args)?;
+        }
         let started = Instant::now();
         while ring.word(READY).load(Ordering::Acquire) < 2 {
             if started.elapsed() > Duration::from_secs(30) {
-                let _ = consumer.kill();
-                let _ = producer.kill();
                 return Err("baseline processes did not start within 30 s".to_string());
             }
+            procs.check_alive(&[0, 1])?;
             std::thread::sleep(Duration::from_micros(200));
         }
         // Partner: the Acquire loads of START in `run_member`.
         ring.word(START).store(1, Ordering::Release);
-        let p = producer.wait().map_err(|e| e.to_string())?;
-        let c = consumer.wait().map_err(|e| e.to_string())?;
+        let timeout = Duration::from_secs(600);
+        let p = procs.wait_exit(1, timeout)?.status;
+        let c = procs.wait_exit(0, timeout)?.status;
         if !p.success() || !c.success() {
             return Err(format!("baseline failed (producer {p}, consumer {c})"));
         }
@@ -223,14 +229,14 @@ pub fn run_member(args: BaselineArgs) -> Result<(), String> {
 ///
 /// The measuring side prints one JSON line on stdout for the coordinator.
 pub mod tcp {
+    use crate::cluster::{Cluster, Output};
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
-    use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 
     use hdrhistogram::Histogram;
     use serde::{Deserialize, Serialize};
-    use spindle_sst::monotonic_ns;
+    use spindle_runtime::monotonic_ns;
 
     use crate::payload;
     use crate::report::Percentiles;
@@ -306,31 +312,23 @@ pub mod tcp {
     /// Start the listening role, then the dialing role; return the line
     /// the measuring role printed (the consumer, or the ping side).
     fn pair(listener_role: &str, dialer_role: &str, size: usize, count: u64, pin: bool) -> Result<String, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("find own executable: {e}"))?;
         let addr = free_loopback_addr()?;
-        let spawn = |role: &str, out: Stdio| {
-            Command::new(&exe)
-                .args(["baseline-member", "--role", role, "--size", &size.to_string()])
-                .args(["--count", &count.to_string(), "--addr", &addr])
-                .args(if pin { &["--pin"][..] } else { &[][..] })
-                .stdin(Stdio::null())
-                .stdout(out)
-                .spawn()
-                .map_err(|e| format!("spawn baseline {role}: {e}"))
-        };
-        let listener = spawn(listener_role, Stdio::piped())?;
-        let dialer = match spawn(dialer_role, Stdio::piped()) {
-            Ok(d) => d,
-            Err(e) => {
-                let mut listener = listener;
-                let _ = listener.kill();
-                let _ = listener.wait();
-                return Err(e);
+        // Slot 0 listens, slot 1 dials; killed on drop.
+        let mut procs = Cluster::new(2)?.streams(Output::Capture, Output::Inherit);
+        for (slot, role) in [listener_role, dialer_role].into_iter().enumerate() {
+            let mut args: Vec<String> = ["baseline-member", "--role", role, "--size", &size.to_string()]
+                .into_iter()
+                .map(String::from)
+                .collect();
+            args.extend(["--count".into(), count.to_string(), "--addr".into(), addr.clone()]);
+            if pin {
+                args.push("--pin".into());
             }
-        };
-        let l = listener.wait_with_output().map_err(|e| e.to_string());
-        let d = dialer.wait_with_output().map_err(|e| e.to_string());
-        let (l, d) = (l?, d?);
+            procs.start(slot, args)?;
+        }
+        let timeout = Duration::from_secs(600);
+        let l = procs.wait_exit(0, timeout)?;
+        let d = procs.wait_exit(1, timeout)?;
         if !l.status.success() || !d.status.success() {
             return Err(format!(
                 "raw TCP baseline failed ({listener_role}: {}, {dialer_role}: {})",
@@ -338,11 +336,11 @@ pub mod tcp {
             ));
         }
         let out = if listener_role == "tcp-consumer" {
-            l.stdout
+            l.output
         } else {
-            d.stdout
+            d.output
         };
-        Ok(String::from_utf8_lossy(&out).trim().to_string())
+        Ok(out.trim().to_string())
     }
 
     /// One side of a baseline (`spindle baseline-member --role tcp-…`).

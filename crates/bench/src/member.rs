@@ -11,13 +11,15 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use spindle_fabric::tcp::{TcpFabric, TcpOptions};
+use spindle::config::TlsFiles;
+use spindle::TcpTransport;
+use spindle_fabric::tcp::TcpFabric;
 use spindle_fabric::Fabric;
 use spindle_group::counters::COUNTER_NAMES;
 use spindle_group::delivery_log::DeliveryLog;
 use spindle_group::layout::SmcLayout;
 use spindle_group::{DeliveryMode, Group, GroupConfig, SendError, SenderSet};
-use spindle_sst::{monotonic_ns, IdleStrategy};
+use spindle_runtime::{monotonic_ns, IdleStrategy};
 
 use crate::payload;
 use crate::report::MemberResult;
@@ -73,6 +75,33 @@ pub struct MemberSpec {
     /// Heartbeat suspicion timeout (0: the group layer's default).
     #[serde(default)]
     pub suspect_timeout_ms: u64,
+    /// tcp: refuse a connection whose source address is not the
+    /// configured address of the member it claims to be
+    /// (`group.check_source_addr`).
+    #[serde(default = "check_source_addr_default")]
+    pub check_source_addr: bool,
+    /// tcp: TLS with these PEM files (`group.tls_*`), or plain tcp.
+    #[serde(default)]
+    pub tls: Option<TlsPaths>,
+    /// Bytes a sender writes before it runs the progress loop again
+    /// (0: [`BURST_BYTES`]).
+    #[serde(default)]
+    pub burst_bytes: usize,
+}
+
+/// The TLS files of a tcp member (see [`spindle::config::TlsFiles`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TlsPaths {
+    /// This member's certificate chain (PEM).
+    pub cert: PathBuf,
+    /// This member's private key (PEM).
+    pub key: PathBuf,
+    /// The group's CA certificate (PEM).
+    pub ca: PathBuf,
+}
+
+fn check_source_addr_default() -> bool {
+    true
 }
 
 fn membership_default() -> bool {
@@ -97,62 +126,30 @@ impl MemberSpec {
         Ok(config)
     }
 
-    /// Open the fabric named by `transport` and join the group as `rank`.
-    fn tcp_options(&self, config: &GroupConfig) -> Result<TcpOptions, String> {
-        let layout = SmcLayout::new(config);
+    /// The tcp transport of this run (addresses, key, TLS, checks).
+    pub fn tcp_transport(&self) -> Result<TcpTransport, String> {
         let addresses = self
             .addresses
             .iter()
             .enumerate()
-            .map(|(r, a)| crate::config::resolve(a).map_err(|e| format!("address of member {r}: {e}")))
+            .map(|(r, a)| spindle::config::resolve(a).map_err(|e| format!("address of member {r}: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
-        if addresses.len() != self.members {
-            return Err(format!(
-                "{} addresses given for {} members",
-                addresses.len(),
-                self.members
-            ));
-        }
-        let key = crate::config::hex_decode(&self.key_hex).map_err(|e| format!("group key: {e}"))?;
-        let mut options = TcpOptions::new(
-            &self.group,
-            layout.row.row_len_bytes(),
-            layout.row.tag(),
-            addresses,
-            key,
-        );
-        // Rows in /dev/shm/spindle@tcp-<group>@<rank>, for `spindle stat`
-        // (which rebuilds the layout from the description).
-        options.stat_dir = Some(PathBuf::from("/dev/shm"));
-        options.layout_description = layout.row.summary();
-        options.listen = match &self.listen {
-            Some(l) => Some(crate::config::resolve(l).map_err(|e| format!("listen address: {e}"))?),
+        let key = spindle::config::hex_decode(&self.key_hex).map_err(|e| format!("group key: {e}"))?;
+        let mut tcp = TcpTransport::new(addresses, key);
+        tcp.listen = match &self.listen {
+            Some(l) => Some(spindle::config::resolve(l).map_err(|e| format!("listen address: {e}"))?),
             None => None,
         };
-        options.join_timeout = Duration::from_millis(self.join_timeout_ms);
-        // group.check_source_addr = false (`spindle run` sets this variable).
-        options.check_source_addr = std::env::var(CHECK_SOURCE_ADDR_ENV).map_or(true, |v| v != "false");
-        if let (Ok(cert), Ok(key), Ok(ca)) = (
-            std::env::var(TLS_CERT_ENV),
-            std::env::var(TLS_KEY_ENV),
-            std::env::var(TLS_CA_ENV),
-        ) {
-            let tls =
-                spindle_fabric::tcp::tls::TlsConfig::from_files(Path::new(&cert), Path::new(&key), Path::new(&ca))
-                    .map_err(|e| e.to_string())?;
-            options.tls = Some(tls);
-        }
-        // Coalesce pushes; every progress pass flushes them (`Fabric::flush`).
-        options.coalesce = true;
-        options.flush_on_ring = false;
+        tcp.check_source_addr = self.check_source_addr;
+        tcp.tls = self.tls.as_ref().map(|t| TlsFiles {
+            cert: t.cert.clone(),
+            key: t.key.clone(),
+            ca: t.ca.clone(),
+        });
         if self.peer_timeout_ms > 0 {
-            options.peer_timeout = Duration::from_millis(self.peer_timeout_ms);
+            tcp.peer_timeout = Duration::from_millis(self.peer_timeout_ms);
         }
-        // A peer that cannot take a push for a quarter of the suspicion
-        // timeout is gone: otherwise one cut-off peer stalls this member's
-        // heartbeats to the others until they suspect it too.
-        options.send_stall_max = config.suspect_timeout / 4;
-        Ok(options)
+        Ok(tcp)
     }
 
     pub fn result_path(dir: &Path, rank: usize) -> PathBuf {
@@ -164,33 +161,11 @@ impl MemberSpec {
     }
 }
 
-/// tcp: `false` turns the fabric's source-address check off
-/// (`group.check_source_addr`; `spindle run` sets it for its member).
-pub const CHECK_SOURCE_ADDR_ENV: &str = "SPINDLE_TCP_CHECK_SOURCE_ADDR";
-/// tcp: TLS certificate, key and CA files (`group.tls_*`; `spindle run`
-/// sets them for its member).
-pub const TLS_CERT_ENV: &str = "SPINDLE_TCP_TLS_CERT";
-pub const TLS_KEY_ENV: &str = "SPINDLE_TCP_TLS_KEY";
-pub const TLS_CA_ENV: &str = "SPINDLE_TCP_TLS_CA";
+pub use spindle::config::parse_idle;
 
-/// The idle strategies of the bench and `spindle run`: sst's `spin` and
-/// `backoff`, plus `park`: a short spin, no yields, then park on the
-/// doorbell. On tcp a blocked thread is woken by the receive thread's
-/// ring (or the kernel) at once, while a yielding one waits for a time
-/// slice on a busy machine: `park` is what tcp members use by default.
-pub fn parse_idle(s: &str) -> Result<IdleStrategy, String> {
-    match s {
-        "park" => Ok(IdleStrategy::Backoff {
-            spins: 50,
-            yields: 0,
-            park: Duration::from_millis(1),
-        }),
-        other => IdleStrategy::parse(other).map_err(|e| format!("{e} (or 'park')")),
-    }
-}
-
-/// Bytes a sender writes before it runs the progress loop again.
-const BURST_BYTES: usize = 64 << 10;
+/// Bytes a sender writes before it runs the progress loop again (by
+/// default).
+pub const BURST_BYTES: usize = 64 << 10;
 
 /// One latency sample: (sender rank, sender's counter, ns).
 pub type Sample = (u32, u64, u32);
@@ -251,7 +226,11 @@ pub fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
             drive(group, spec, rank, tally)
         }
         "tcp" => {
-            let options = spec.tcp_options(&config)?;
+            // The one recipe for a tcp group's options (row layout, send
+            // stall below the suspicion timeout, coalescing, stat file).
+            let layout = SmcLayout::new(&config);
+            let options = spindle::transport::tcp_options(&spec.tcp_transport()?, &config, &layout, rank, false)
+                .map_err(|e| e.to_string())?;
             let fabric = TcpFabric::open(&options, rank).map_err(|e| e.to_string())?;
             let group = Group::join(Arc::new(fabric), config).map_err(|e| e.to_string())?;
             drive(group, spec, rank, tally)
@@ -272,10 +251,11 @@ fn drive<F: Fabric>(mut group: Group<F>, spec: &MemberSpec, rank: usize, mut tal
     let mut sent = 0u64;
     // Sender bursts are sized in bytes so that the member's own delivery
     // of a burst still finds it in its L2 cache.
-    let burst_bytes: usize = std::env::var("SPINDLE_BENCH_BURST_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(BURST_BYTES);
+    let burst_bytes = if spec.burst_bytes > 0 {
+        spec.burst_bytes
+    } else {
+        BURST_BYTES
+    };
     let burst_msgs = (burst_bytes / spec.size.max(1)).clamp(1, 64) as u64;
     let self_check = spec.self_check;
     let mut sent_checksum = 0u64;
@@ -369,7 +349,7 @@ fn drive<F: Fabric>(mut group: Group<F>, spec: &MemberSpec, rank: usize, mut tal
         }
     }
     group
-        .finish(&mut |_| {}, Duration::from_secs(60))
+        .finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(60))
         .map_err(|e| e.to_string())?;
     let counters: BTreeMap<String, u64> = COUNTER_NAMES
         .iter()

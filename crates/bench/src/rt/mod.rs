@@ -16,7 +16,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use spindle_rt::scenario::{run_member, ScenarioSpec};
+use scenario::{run_member, ScenarioSpec};
 
 mod clock;
 mod common;
@@ -25,6 +25,7 @@ mod jitter;
 mod latency;
 mod plot;
 mod ring;
+pub mod scenario;
 
 pub use clock::ClockArgs;
 pub use compare::CompareArgs;

@@ -5,16 +5,16 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::rt::scenario::{
+    MemberReport, NodeClockSpec, RunReport, Scenario, ScenarioSpec, StageSpec, Summary, TransportSpec,
+};
 use serde::Serialize;
 use spindle_rt::node::calibrate_release_jitter;
 use spindle_rt::os::{drop_rt_priority, request_rt_privileges};
-use spindle_rt::scenario::{
-    MemberReport, NodeClockSpec, RunReport, Scenario, ScenarioSpec, StageSpec, Summary, TransportSpec,
-};
 use spindle_rt::spin::{calibrate_spin, spin_cap_ns, SpinReport};
 
 use super::{CommonArgs, MS, US};
-use crate::procs::{read_results, MemberProcesses};
+use crate::cluster::{read_results, Cluster};
 
 // ───────────────────────────── arguments ─────────────────────────────
 
@@ -82,7 +82,7 @@ pub(super) fn base_spec(scenario: Scenario, common: &CommonArgs, members: usize)
     let result_dir = std::env::temp_dir().join(format!(
         "spindle-rt-{}-{}",
         std::process::id(),
-        spindle_sst::monotonic_ns()
+        spindle_runtime::monotonic_ns()
     ));
     // Created by `run_members` (which removes it), so an argument error
     // found later leaves nothing behind.
@@ -107,7 +107,7 @@ pub(super) fn base_spec(scenario: Scenario, common: &CommonArgs, members: usize)
         duration_ns: 0,
         sample_interval_ns: 10 * MS,
         seed: 1,
-        start_mono_ns: spindle_sst::monotonic_ns(),
+        start_mono_ns: spindle_runtime::monotonic_ns(),
         result_dir,
         join_timeout_ms: 20_000,
         best_effort_quota: 2,
@@ -162,7 +162,7 @@ pub(super) fn transport_of(common: &CommonArgs, members: usize) -> Result<Transp
             Ok(TransportSpec {
                 kind: "tcp".into(),
                 addresses,
-                key_hex: crate::config::hex_encode(&key),
+                key_hex: spindle::config::hex_encode(&key),
                 netns,
             })
         }
@@ -251,7 +251,9 @@ pub(super) fn run_members(spec: &ScenarioSpec, timeout: Duration) -> Result<Vec<
 
 pub(super) fn spawn_and_wait(spec: &ScenarioSpec, timeout: Duration) -> Result<(), String> {
     let json = serde_json::to_string(spec).map_err(|e| e.to_string())?;
-    let procs = MemberProcesses::spawn(spec.members, |rank| {
+    // Members that were killed remove no group file: the cluster does.
+    let mut procs = Cluster::new(spec.members)?.owns_group(&spec.group, 0);
+    procs.start_each(spec.members, |rank| {
         vec![
             "rt".into(),
             "member".into(),
@@ -262,14 +264,7 @@ pub(super) fn spawn_and_wait(spec: &ScenarioSpec, timeout: Duration) -> Result<(
         ]
     })?;
     // The others see the failed member's verdict or its absence and stop.
-    let result = procs.wait(timeout, Duration::from_secs(5), Duration::from_millis(100), &mut || {});
-    let failure = result.err();
-    let shm = Path::new("/dev/shm").join(format!("spindle-{}", spec.group));
-    if failure.is_some() && shm.exists() {
-        // Members were killed: nobody removed the group file.
-        let _ = std::fs::remove_file(&shm);
-    }
-    failure.map_or(Ok(()), Err)
+    Ok(procs.wait_all(timeout, Duration::from_secs(5), Duration::from_millis(100), &mut || {})?)
 }
 
 /// Release jitter of this machine, measured here (with SCHED_FIFO when

@@ -3,9 +3,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::rt::scenario::{MemberReport, RunReport, Scenario, ScenarioSpec, StageSpec, Summary};
 use clap::Args;
 use serde::Serialize;
-use spindle_rt::scenario::{MemberReport, RunReport, Scenario, ScenarioSpec, StageSpec, Summary};
 
 use super::common::*;
 use super::plot::{two_panel_plot, Series};

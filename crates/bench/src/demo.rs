@@ -12,8 +12,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use spindle_group::config::defaults;
 use spindle_group::invariants;
 
-use crate::bench::{check_agreement, run_members, tempdir};
 use crate::member::MemberSpec;
+use crate::multicast::{check_agreement, run_members};
+use crate::tempdir;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -79,6 +80,9 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         peer_timeout_ms: 0,
         membership: spindle_group::config::defaults::MEMBERSHIP,
         suspect_timeout_ms: 0,
+        check_source_addr: true,
+        tls: None,
+        burst_bytes: crate::member::BURST_BYTES,
     };
     let total = args.count * args.members as u64;
     println!(

@@ -23,14 +23,15 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use spindle_fabric::tcp::{TcpFabric, TcpOptions};
-use spindle_fabric::{Fabric, PeerSet};
+use spindle::TcpTransport;
+use spindle_fabric::tcp::TcpFabric;
+use spindle_fabric::Fabric;
 use spindle_group::delivery_log::DeliveryLog;
 use spindle_group::layout::SmcLayout;
 use spindle_group::{
     Delivery, DeliveryMode, Group, GroupConfig, GroupError, Replicated, SenderSet, StateMachine, Upcalls, View,
 };
-use spindle_sst::monotonic_ns;
+use spindle_runtime::monotonic_ns;
 
 #[derive(Args, Clone, Debug)]
 pub struct ViewMemberArgs {
@@ -216,7 +217,6 @@ pub fn run(args: ViewMemberArgs) -> Result<(), String> {
 }
 
 fn open_tcp(args: &ViewMemberArgs, config: &GroupConfig) -> Result<TcpFabric, String> {
-    let layout = SmcLayout::new(config);
     let addresses = if args.addresses.is_empty() {
         (0..args.ranks)
             .map(|r| format!("127.0.0.1:{}", args.base_port as usize + r))
@@ -226,27 +226,24 @@ fn open_tcp(args: &ViewMemberArgs, config: &GroupConfig) -> Result<TcpFabric, St
     };
     let addresses = addresses
         .iter()
-        .map(|a| crate::config::resolve(a))
+        .map(|a| spindle::config::resolve(a))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut options = TcpOptions::new(
-        &args.group,
-        layout.row.row_len_bytes(),
-        layout.row.tag(),
-        addresses,
-        args.group.as_bytes().to_vec(),
-    );
-    options.join_timeout = Duration::from_millis(args.join_timeout_ms);
-    // One stuck peer must not stall the heartbeats to the others.
-    options.send_stall_max = config.suspect_timeout / 4;
-    // Wait at open only for the first view's other members; a joiner waits
-    // for nobody (it is admitted once the group hears it: late joins are
-    // accepted by the fabric's link thread).
-    options.wait_for = Some(if args.join {
-        PeerSet::default()
-    } else {
-        PeerSet(config.initial_ranks().iter().fold(0u64, |m, r| m | 1 << r) & !(1u64 << args.rank))
-    });
+    let tcp = TcpTransport::new(addresses, group_key(&args.group));
+    // The one recipe for a tcp group's options: one stuck peer cannot
+    // stall the heartbeats to the others (the send stall is below the
+    // suspicion timeout); at open a member waits only for the first view's
+    // other members, a joiner for nobody (it is admitted once the group
+    // hears it: late joins are accepted by the fabric's link thread).
+    let options = spindle::transport::tcp_options(&tcp, config, &SmcLayout::new(config), args.rank, args.join)
+        .map_err(|e| e.to_string())?;
     TcpFabric::open(&options, args.rank).map_err(|e| e.to_string())
+}
+
+/// The group key of a test or bench group: derived from its name (these
+/// groups run on loopback or in test namespaces; every member knows the
+/// name, and the key only has to be long enough).
+fn group_key(group: &str) -> Vec<u8> {
+    format!("spindle-view-member:{group}").into_bytes()
 }
 
 fn drive<F: Fabric>(mut group: Group<F>, args: &ViewMemberArgs, app: &mut App) -> Result<(), String> {
@@ -283,13 +280,13 @@ fn drive<F: Fabric>(mut group: Group<F>, args: &ViewMemberArgs, app: &mut App) -
                 }
             }
         }
-        group.poll_with_or_idle(app).map_err(fail)?;
+        group.poll_or_idle(app).map_err(fail)?;
     }
     // A last `done`, then wait until every member's `done` is applied: all
     // survivors applied the same messages.
     if let Some(sender) = &sender {
         while sender.send(b"done").is_err() {
-            group.poll_with_or_idle(app).map_err(fail)?;
+            group.poll_or_idle(app).map_err(fail)?;
         }
     }
     let deadline = monotonic_ns() + args.join_timeout_ms * 1_000_000;
@@ -304,11 +301,11 @@ fn drive<F: Fabric>(mut group: Group<F>, args: &ViewMemberArgs, app: &mut App) -
                 args.rank, args.join_timeout_ms
             ));
         }
-        group.poll_with_or_idle(app).map_err(fail)?;
+        group.poll_or_idle(app).map_err(fail)?;
     }
     let mut deliver = |d: &Delivery<'_>| app.deliver(d);
     group
-        .finish(&mut deliver, Duration::from_millis(args.join_timeout_ms))
+        .finish_together(&mut deliver, Duration::from_millis(args.join_timeout_ms))
         .map_err(fail)?;
     app.log.flush().map_err(|e| format!("flush the delivery log: {e}"))?;
     let _ = app.events.flush();

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
+use crate::rt::scenario::{Scenario, Summary};
 use clap::Args;
 use serde::Serialize;
-use spindle_rt::scenario::{Scenario, Summary};
 
 use super::common::*;
 use super::plot::two_panel_plot;

@@ -14,7 +14,6 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,8 +33,9 @@ use spindle_replica::master::Master;
 use spindle_replica::node::Membership;
 use spindle_replica::record::RecordKind;
 use spindle_replica::Mode;
-use spindle_sst::{monotonic_ns, IdleStrategy};
+use spindle_runtime::{monotonic_ns, IdleStrategy};
 
+use crate::cluster::{Cluster, Output};
 use crate::report::{Machine, Percentiles};
 
 #[derive(Args, Debug)]
@@ -316,7 +316,7 @@ fn run_config<F: Membership>(
     group: &str,
 ) -> Result<(Percentiles, u64), String> {
     let (mode, idle) = (spec.mode, spec.idle);
-    let data_dir = crate::bench::tempdir("replica")?;
+    let data_dir = crate::tempdir("replica")?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
     for rank in 1..=spec.backups {
@@ -436,10 +436,9 @@ fn run_master<F: Membership>(
 /// Start the service (4 processes), write continuously, SIGKILL the
 /// master, time until the next write is acknowledged; `trials` times.
 fn measure_failover(trials: usize) -> Result<Percentiles, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("find own executable: {e}"))?;
     let mut h = Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
     for trial in 0..trials {
-        let dir = crate::bench::tempdir("failover")?;
+        let dir = crate::tempdir("failover")?;
         let port = 20_000 + (std::process::id() % 20_000) as u16 + trial as u16;
         let mut config = ServiceConfig::local_default();
         config.group = format!("fo-{}-{trial}", std::process::id());
@@ -452,47 +451,40 @@ fn measure_failover(trials: usize) -> Result<Percentiles, String> {
         config.value_bytes_max = 64 << 10;
         let path = dir.join("service.conf");
         std::fs::write(&path, config.to_text()).map_err(|e| e.to_string())?;
-        let mut children: Vec<Child> = Vec::new();
-        for rank in 0..config.members() {
-            let child = Command::new(&exe)
-                .args(["kv", "member", "--rank", &rank.to_string(), "--config"])
-                .arg(&path)
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .map_err(|e| format!("spawn member {rank}: {e}"))?;
-            children.push(child);
-        }
-        let result = one_failover(&mut children, port);
-        for c in children.iter_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        let mut members = Cluster::new(config.members())?
+            .streams(Output::Null, Output::Inherit)
+            .owns_group(&config.group, config.members());
+        let result = members
+            .start_each(config.members(), |rank| {
+                let config = path.display().to_string();
+                ["kv", "member", "--rank", &rank.to_string(), "--config", &config]
+                    .map(String::from)
+                    .to_vec()
+            })
+            .map_err(String::from)
+            .and_then(|()| one_failover(&mut members, port));
+        drop(members);
         let _ = std::fs::remove_dir_all(&dir);
-        let _ = std::fs::remove_file(spindle_fabric::shm::group_file_path(
-            Path::new("/dev/shm"),
-            &config.group,
-        ));
         h.record(result?.max(1)).map_err(|e| e.to_string())?;
     }
     Ok(Percentiles::from_histogram(&h))
 }
 
-fn one_failover(children: &mut [Child], port: u16) -> Result<u64, String> {
+fn one_failover(members: &mut Cluster, port: u16) -> Result<u64, String> {
     let addr = format!("127.0.0.1:{port}");
     let mut conn = connect_retry(&addr, Duration::from_secs(30))?;
     for i in 0..200 {
         set(&mut conn, i)?;
     }
-    let _ = children[0].kill();
-    let killed = Instant::now();
-    let _ = children[0].wait();
+    let killed_ns = members.kill(0)?;
+    let elapsed = || Duration::from_nanos(monotonic_ns().saturating_sub(killed_ns));
     let mut i = 1000;
     loop {
-        if killed.elapsed() > Duration::from_secs(30) {
+        if elapsed() > Duration::from_secs(30) {
             return Err("no write was acknowledged within 30 s of the failover".into());
         }
         if set(&mut conn, i).is_ok() {
-            return Ok(killed.elapsed().as_nanos() as u64);
+            return Ok(elapsed().as_nanos() as u64);
         }
         i += 1;
         match TcpStream::connect(&addr) {

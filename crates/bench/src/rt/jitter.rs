@@ -4,11 +4,11 @@
 //! effect of SCHED_FIFO, the spin window, mlockall and CPU pinning can be
 //! measured one at a time.
 
+use crate::rt::scenario::Summary;
 use clap::Args;
 use serde::Serialize;
 use spindle_rt::node::calibrate_release_jitter;
 use spindle_rt::os::{drop_rt_priority, pin_to_cpu, request_rt_privileges};
-use spindle_rt::scenario::Summary;
 
 use super::common::{command_line, write_json};
 use super::US;
