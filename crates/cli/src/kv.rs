@@ -22,10 +22,9 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use spindle_replica::config::{ServiceConfig, Transport};
-use spindle_replica::node::{Membership, Node, NodeConfig};
+use spindle_replica::node::{Membership, Node};
 use spindle_replica::server::{bind, serve, ServeOptions};
 use spindle_replica::Mode;
-use spindle_runtime::IdleStrategy;
 
 #[derive(Subcommand, Debug)]
 pub enum KvCommand {
@@ -302,18 +301,7 @@ fn run_member(args: MemberArgs) -> Result<(), String> {
             config.members()
         ));
     }
-    let node_config = NodeConfig {
-        group: config.group.clone(),
-        members: config.members(),
-        backups: config.backups,
-        mode: config.mode,
-        geometry: config.geometry,
-        value_bytes_max: config.value_bytes_max,
-        memory_bytes_max: config.memory_bytes_max,
-        data_dir: config.data_dir.clone(),
-        idle: IdleStrategy::DEFAULT_BACKOFF,
-        join_timeout: Duration::from_secs(30),
-    };
+    let node_config = config.node_config(Duration::from_secs(30));
     match config.transport {
         Transport::Shm => member_main(Node::open(node_config, args.rank)?, &config, args.rank),
         Transport::Tcp => {

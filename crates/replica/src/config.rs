@@ -266,6 +266,24 @@ impl ServiceConfig {
     }
 
     /// Members of the group: the master, its backups and the spares.
+    /// The configuration of one member node of this service: its
+    /// replication settings, the default idle strategy, and `join_timeout`
+    /// to wait for the other members.
+    pub fn node_config(&self, join_timeout: std::time::Duration) -> crate::node::NodeConfig {
+        crate::node::NodeConfig {
+            group: self.group.clone(),
+            members: self.members(),
+            backups: self.backups,
+            mode: self.mode,
+            geometry: self.geometry,
+            value_bytes_max: self.value_bytes_max,
+            memory_bytes_max: self.memory_bytes_max,
+            data_dir: self.data_dir.clone(),
+            idle: spindle_runtime::IdleStrategy::DEFAULT_BACKOFF,
+            join_timeout,
+        }
+    }
+
     pub fn members(&self) -> usize {
         self.backups + 1 + self.spares
     }

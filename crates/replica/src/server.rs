@@ -7,35 +7,60 @@
 //! still under the lock, before any reply of the batch is written, so no
 //! client — this one or another — sees a write before every backup has
 //! it. If that wait fails the master cannot tell which writes are
-//! replicated: it exits, and a backup takes over from its log.
+//! replicated: the service is marked failed under the lock, the batch's
+//! replies are dropped, no later batch runs, every client is closed and
+//! [`serve`] returns [`ServeError::Replication`]; the caller leaves the
+//! group (a process exits) and a backup takes over from its log.
 //! After each batch the leader's housekeeping runs under the same lock
 //! ([`Leader::maintain`]: replacing dead backups, cleaning the log).
-//! With a stop flag, a watcher thread stops the service cleanly when the
-//! flag is set: it takes the lock (no write in flight), ends the epoch
-//! with every backup's log sealed on disk, and exits the process.
+//! With a stop flag, [`serve`] stops cleanly once the flag is set: it
+//! stops accepting, closes every client, takes the leader back (no write
+//! in flight), ends the epoch with every backup's log sealed on disk and
+//! returns the leader.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::thread::{Scope, ScopedJoinHandle};
 use std::time::Duration;
-
-use std::sync::atomic::AtomicBool;
 
 use crate::command::{execute, Args, CommandLimits, Flow};
 use crate::node::{Leader, Membership};
 use crate::resp::{parse_request, reply, Limits};
 use crate::store::ObjectMap;
 
+/// How long an idle accept loop sleeps before it looks at the stop flag
+/// (and for new clients) again.
+const ACCEPT_POLL_INTERVAL: Duration = Duration::from_millis(5);
+
 /// Serving parameters.
 #[derive(Clone, Debug)]
-pub struct ServeOptions {
+pub struct ServeOptions<'a> {
     pub clients_max: usize,
     pub value_bytes_max: usize,
     /// Extra `INFO` lines (role, recovery …).
     pub info_extra: String,
-    /// Stop cleanly (and exit the process) once this is set.
-    pub stop: Option<&'static AtomicBool>,
+    /// Stop cleanly (and return the leader) once this is set; `None`
+    /// serves until a replication failure.
+    pub stop: Option<&'a AtomicBool>,
+}
+
+/// Why [`serve`] ended without a clean stop.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A batch's writes could not be confirmed on every backup. No reply
+    /// of that batch or any later one was sent; the objects hold writes
+    /// nobody may see, so this member must leave the group (a backup
+    /// takes over from its log).
+    #[error("replication failed, the master stopped serving: {0}")]
+    Replication(String),
+    /// The listener could not be made non-blocking.
+    #[error("listener: {0}")]
+    Listener(std::io::Error),
+    /// Ending the epoch (sealing the backups' logs) failed.
+    #[error("clean stop failed: {0}")]
+    Stop(String),
 }
 
 /// Bind `addr`, retrying while the old master's socket lingers.
@@ -52,52 +77,126 @@ pub fn bind(addr: &str, wait: Duration) -> Result<TcpListener, String> {
     }
 }
 
-/// Serve clients forever (the process ends the service).
-pub fn serve<F: Membership>(listener: TcpListener, leader: Leader<F>, options: ServeOptions) -> Result<(), String> {
-    let store = Arc::new(Mutex::new(leader));
-    if let Some(stop) = options.stop {
-        let store = store.clone();
-        std::thread::Builder::new()
-            .name("kv-stop".into())
-            .spawn(move || {
-                // Partner: the Release store of the flag by the signal handler.
-                while !stop.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                let mut leader = store.lock().unwrap_or_else(|p| p.into_inner());
-                let code = match leader.stop() {
-                    Ok(()) => 0,
-                    Err(e) => {
-                        eprintln!("spindle kv: clean stop failed: {e}");
-                        1
-                    }
-                };
-                std::process::exit(code);
-            })
-            .map_err(|e| format!("start the stop watcher: {e}"))?;
-    }
-    let clients = Arc::new(AtomicUsize::new(0));
-    let options = Arc::new(options);
-    for stream in listener.incoming() {
-        let Ok(mut stream) = stream else { continue };
-        if clients.fetch_add(1, Ordering::AcqRel) >= options.clients_max {
-            clients.fetch_sub(1, Ordering::AcqRel);
-            let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
-            continue;
-        }
-        let (store, clients, options) = (store.clone(), clients.clone(), options.clone());
-        let spawned = std::thread::Builder::new().name("kv-client".into()).spawn(move || {
-            let _ = handle_client(stream, &store, &options);
-            clients.fetch_sub(1, Ordering::AcqRel);
-        });
-        if spawned.is_err() {
-            // Out of threads: the client's stream was moved and dropped.
-            continue;
-        }
-    }
-    Ok(())
+/// What the batches share, under one lock.
+struct Guarded<F: Membership> {
+    leader: Leader<F>,
+    /// Set by the batch whose replication failed; no batch runs after it.
+    failure: Option<String>,
 }
 
+/// The service's state, shared by the accept loop and the client threads.
+struct Service<'a, F: Membership> {
+    guarded: Mutex<Guarded<F>>,
+    /// Mirrors `Guarded::failure` for the accept loop, which does not take
+    /// the lock.
+    failed: AtomicBool,
+    stop: Option<&'a AtomicBool>,
+    info_extra: String,
+    limits: Limits,
+    command_limits: CommandLimits,
+}
+
+impl<F: Membership> Service<'_, F> {
+    fn stopping(&self) -> bool {
+        // Partner (first load): the Release store of the stop flag by its
+        // owner (a signal handler, `KvService::shutdown`). Partner
+        // (second): the Release store of `failed` in `handle_batch`.
+        self.stop.is_some_and(|s| s.load(Ordering::Acquire)) || self.failed.load(Ordering::Acquire)
+    }
+}
+
+/// A client's thread and a second handle of its socket, to close it when
+/// the service stops.
+struct Client<'scope> {
+    thread: ScopedJoinHandle<'scope, ()>,
+    socket: TcpStream,
+}
+
+/// Serve clients on `listener` (made non-blocking) until the stop flag
+/// is set or a batch's replication fails. Every client thread has ended
+/// when it returns: on a stop, with the epoch ended cleanly and the
+/// leader handed back; on a failure, with [`ServeError::Replication`].
+pub fn serve<F: Membership>(
+    listener: &TcpListener,
+    leader: Leader<F>,
+    options: ServeOptions<'_>,
+) -> Result<Leader<F>, ServeError> {
+    listener.set_nonblocking(true).map_err(ServeError::Listener)?;
+    let service = Service {
+        guarded: Mutex::new(Guarded { leader, failure: None }),
+        failed: AtomicBool::new(false),
+        stop: options.stop,
+        info_extra: options.info_extra,
+        limits: Limits::for_values(options.value_bytes_max),
+        command_limits: CommandLimits {
+            value_bytes_max: options.value_bytes_max,
+        },
+    };
+    std::thread::scope(|scope| {
+        let mut clients: Vec<Client<'_>> = Vec::new();
+        while !service.stopping() {
+            match listener.accept() {
+                Ok((stream, _)) => admit(scope, &service, stream, &mut clients, options.clients_max),
+                // Nothing pending (non-blocking) or a connection aborted
+                // before it was accepted.
+                Err(_) => std::thread::sleep(ACCEPT_POLL_INTERVAL),
+            }
+        }
+        // Wake every client blocked in a read or a write; a batch in
+        // flight ends first (it holds the lock), its replies are lost.
+        for client in &clients {
+            let _ = client.socket.shutdown(Shutdown::Both);
+        }
+        for client in clients {
+            let _ = client.thread.join();
+        }
+    });
+    let Guarded { mut leader, failure } = service.guarded.into_inner().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = failure {
+        return Err(ServeError::Replication(e));
+    }
+    leader.stop().map_err(ServeError::Stop)?;
+    Ok(leader)
+}
+
+/// Start a thread for a new client, unless `clients_max` are served.
+fn admit<'scope, 'env, F: Membership>(
+    scope: &'scope Scope<'scope, 'env>,
+    service: &'scope Service<'env, F>,
+    mut stream: TcpStream,
+    clients: &mut Vec<Client<'scope>>,
+    clients_max: usize,
+) {
+    reap(clients);
+    if clients.len() >= clients_max {
+        let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
+        return;
+    }
+    // Out of descriptors or threads: the stream is dropped (closed).
+    let Ok(socket) = stream.try_clone() else { return };
+    let spawned = std::thread::Builder::new()
+        .name("kv-client".into())
+        .spawn_scoped(scope, move || {
+            let _ = handle_client(stream, service);
+        });
+    if let Ok(thread) = spawned {
+        clients.push(Client { thread, socket });
+    }
+}
+
+/// Join the clients whose threads have ended.
+fn reap(clients: &mut Vec<Client<'_>>) {
+    let mut i = 0;
+    while i < clients.len() {
+        if clients[i].thread.is_finished() {
+            let _ = clients.swap_remove(i).thread.join();
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// The `INFO` reply (the fields `spindle kv serve` reports).
 fn info_text(store_mode: &str, epoch: u64, backups: usize, head: u64, objects: &ObjectMap, extra: &str) -> String {
     format!(
         "# Server\r\nredis_version:7.0.0\r\nspindle_version:{}\r\n# Replication\r\nrole:master\r\nreplication_mode:{store_mode}\r\nepoch:{epoch}\r\nconnected_slaves:{backups}\r\nlog_head:{head}\r\n{extra}# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\n# Keyspace\r\ndb0:keys={},expires=0\r\n",
@@ -108,28 +207,23 @@ fn info_text(store_mode: &str, epoch: u64, backups: usize, head: u64, objects: &
     )
 }
 
-fn handle_client<F: Membership>(
-    mut stream: TcpStream,
-    store: &Mutex<Leader<F>>,
-    options: &ServeOptions,
-) -> std::io::Result<()> {
+/// Serve one client: read, answer every complete request of what one read
+/// brought as one batch (one group commit), write the replies. Ends at
+/// the client's close, at a stop or failure (between batches), or when
+/// the accept loop shuts the socket down.
+fn handle_client<F: Membership>(mut stream: TcpStream, service: &Service<'_, F>) -> std::io::Result<()> {
+    // Accepted from a non-blocking listener: make sure reads block.
+    stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
-    let limits = Limits::for_values(options.value_bytes_max);
-    let command_limits = CommandLimits {
-        value_bytes_max: options.value_bytes_max,
-    };
     // A request is at most a few bulk strings over the value bound.
-    let buffer_max = limits.bulk_bytes_max * 2 + 64 * 1024;
+    let buffer_max = service.limits.bulk_bytes_max * 2 + 64 * 1024;
     let mut buf: Vec<u8> = vec![0; 16 * 1024];
-    let mut filled = 0usize;
-    let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
-    let mut ranges = Vec::new();
-    loop {
+    let (mut filled, mut out) = (0usize, Vec::with_capacity(16 * 1024));
+    while !service.stopping() {
         if filled == buf.len() {
             if buf.len() >= buffer_max {
                 reply::error(&mut out, "ERR Protocol error: request larger than the server's bound");
-                stream.write_all(&out)?;
-                return Ok(());
+                return stream.write_all(&out);
             }
             buf.resize((buf.len() * 2).min(buffer_max), 0);
         }
@@ -138,50 +232,7 @@ fn handle_client<F: Membership>(
             return Ok(());
         }
         filled += n;
-        let mut used = 0;
-        let mut close = false;
-        {
-            let mut guard = store.lock().unwrap_or_else(|p| p.into_inner());
-            let leader = &mut *guard;
-            leader.master.set_deferred(true);
-            loop {
-                let (master, objects) = (&mut leader.master, &mut leader.objects);
-                match parse_request(&buf[used..filled], &limits, &mut ranges) {
-                    Ok(None) => break,
-                    Ok(Some(consumed)) => {
-                        let args = Args {
-                            buf: &buf[used..filled],
-                            ranges: &ranges,
-                        };
-                        let mode = master.mode().as_str();
-                        let (epoch, backups, head) = (master.epoch(), master.backups().len(), master.head());
-                        let info = |o: &ObjectMap| info_text(mode, epoch, backups, head, o, &options.info_extra);
-                        let flow = execute(args, objects, master, &command_limits, &info, &mut out);
-                        used += consumed;
-                        if flow == Flow::Close {
-                            close = true;
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        reply::error(&mut out, &format!("ERR {e}"));
-                        close = true;
-                        break;
-                    }
-                }
-            }
-            leader.master.set_deferred(false);
-            if let Err(e) = leader.master.complete() {
-                // Writes of this batch are applied to the objects but not
-                // known to be replicated: nobody may see them. Exit with
-                // the lock held; the backups fail over from their logs.
-                eprintln!("spindle kv: replication failed, master exits: {e}");
-                std::process::exit(70);
-            }
-            if let Err(e) = leader.maintain() {
-                eprintln!("spindle kv: housekeeping failed: {e}");
-            }
-        }
+        let (used, close) = handle_batch(&buf[..filled], service, &mut out);
         buf.copy_within(used..filled, 0);
         filled -= used;
         if !out.is_empty() {
@@ -191,5 +242,166 @@ fn handle_client<F: Membership>(
         if close {
             return Ok(());
         }
+    }
+    Ok(())
+}
+
+/// Execute every complete request at the front of `buf` under the lock;
+/// returns the bytes used and whether to close the connection. No reply
+/// is left in `out` unless every write of the batch is on every backup.
+fn handle_batch<F: Membership>(buf: &[u8], service: &Service<'_, F>, out: &mut Vec<u8>) -> (usize, bool) {
+    let mut guard = service.guarded.lock().unwrap_or_else(|p| p.into_inner());
+    let guarded = &mut *guard;
+    if guarded.failure.is_some() || service.stopping() {
+        // No batch after a failure (its objects hold unreplicated
+        // writes) nor after the stop flag.
+        return (0, true);
+    }
+    let leader = &mut guarded.leader;
+    leader.master.set_deferred(true);
+    let (mut used, mut close, mut ranges) = (0, false, Vec::new());
+    loop {
+        let (master, objects) = (&mut leader.master, &mut leader.objects);
+        match parse_request(&buf[used..], &service.limits, &mut ranges) {
+            Ok(None) => break,
+            Ok(Some(consumed)) => {
+                let args = Args {
+                    buf: &buf[used..],
+                    ranges: &ranges,
+                };
+                let (mode, epoch) = (master.mode().as_str(), master.epoch());
+                let (backups, head) = (master.backups().len(), master.head());
+                let info = |o: &ObjectMap| info_text(mode, epoch, backups, head, o, &service.info_extra);
+                let flow = execute(args, objects, master, &service.command_limits, &info, out);
+                used += consumed;
+                if flow == Flow::Close {
+                    close = true;
+                    break;
+                }
+            }
+            Err(e) => {
+                reply::error(out, &format!("ERR {e}"));
+                close = true;
+                break;
+            }
+        }
+    }
+    leader.master.set_deferred(false);
+    if let Err(e) = leader.master.complete() {
+        // The batch's writes are applied but not known to be replicated:
+        // drop the replies; no batch runs after this one (see `Guarded`).
+        out.clear();
+        guarded.failure = Some(e);
+        // Release: pairs with the Acquire load in `Service::stopping`.
+        service.failed.store(true, Ordering::Release);
+        return (used, true);
+    }
+    if let Err(e) = leader.maintain() {
+        eprintln!("spindle kv: housekeeping failed: {e}");
+    }
+    (used, close)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::LogGeometry;
+    use crate::node::{Node, NodeConfig};
+    use crate::Mode;
+    use spindle_runtime::IdleStrategy;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    fn node_config(group: &str, dir: &Path) -> NodeConfig {
+        NodeConfig {
+            group: group.to_string(),
+            members: 2,
+            backups: 1,
+            mode: Mode::OneSided,
+            geometry: LogGeometry {
+                segment_bytes: 16 * 1024,
+                segments_max: 4,
+            },
+            value_bytes_max: 2048,
+            memory_bytes_max: 64 << 20,
+            data_dir: dir.to_path_buf(),
+            idle: IdleStrategy::DEFAULT_BACKOFF,
+            join_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Send one request, read one line of reply.
+    fn request(stream: &mut TcpStream, request: &[u8]) -> Vec<u8> {
+        stream.write_all(request).unwrap();
+        let mut reply = Vec::new();
+        let mut byte = [0u8; 1];
+        while !reply.ends_with(b"\r\n") {
+            assert_eq!(stream.read(&mut byte).unwrap(), 1, "the server closed mid-reply");
+            reply.push(byte[0]);
+        }
+        reply
+    }
+
+    /// The stop flag ends `serve` in this process (it used to exit it):
+    /// an idle client is closed, the epoch ends with the backup's log
+    /// sealed (the backup then returns by itself) and the leader comes back.
+    #[test]
+    fn a_stop_flag_returns_the_leader_and_closes_idle_clients() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let group = format!("rserve-{}", std::process::id());
+        let backup_stop = Arc::new(AtomicBool::new(false));
+        let backup = {
+            let (config, stop) = (node_config(&group, dir.path()), backup_stop.clone());
+            std::thread::spawn(move || -> Result<bool, String> {
+                let node = Node::open(config, 1)?;
+                Ok(node.run_until_master(&stop)?.is_some())
+            })
+        };
+        let node = Node::open(node_config(&group, dir.path()), 0).unwrap();
+        let leader = node
+            .run_until_master(&AtomicBool::new(false))
+            .unwrap()
+            .expect("rank 0 leads");
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let server = s.spawn(|| {
+                let options = ServeOptions {
+                    clients_max: 4,
+                    value_bytes_max: 2048,
+                    info_extra: String::new(),
+                    stop: Some(&stop),
+                };
+                serve(&listener, leader, options)
+            });
+            let mut client = TcpStream::connect(addr).unwrap();
+            assert_eq!(
+                request(&mut client, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"),
+                b"+OK\r\n"
+            );
+            assert_eq!(request(&mut client, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), b"$1\r\n");
+            // Release: pairs with the Acquire load in `Service::stopping`.
+            stop.store(true, Ordering::Release);
+            let leader = server.join().unwrap().expect("a clean stop");
+            assert_eq!(leader.objects.len(), 1);
+            // The rest of the GET reply ("v\r\n") then the close.
+            let mut rest = Vec::new();
+            client.read_to_end(&mut rest).unwrap();
+            assert_eq!(rest, b"v\r\n");
+            // Sealed: the backup returns without being stopped, never leading.
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !backup.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let returned = backup.is_finished();
+            // Let a stuck backup go. Release: pairs with the Acquire
+            // loads of the flag in `run_until_master`.
+            backup_stop.store(!returned, Ordering::Release);
+            assert!(returned, "the backup did not return after the seal");
+            assert_eq!(backup.join().unwrap(), Ok(false));
+            drop((leader, node));
+        });
+        let _ = std::fs::remove_file(spindle_fabric::shm::group_file_path(Path::new("/dev/shm"), &group));
     }
 }
