@@ -324,14 +324,18 @@ mod tests {
                     Err(e) => panic!("send: {e}"),
                 }
             }
-            group.poll_or_idle(&mut |_: &spindle_group::Delivery<'_>| delivered += 1).expect("poll");
+            group
+                .poll_or_idle(&mut |_: &spindle_group::Delivery<'_>| delivered += 1)
+                .expect("poll");
             if delivered >= total && !announced {
                 announced = true;
                 done.fetch_add(1, Ordering::AcqRel);
             }
         }
         assert_eq!(delivered, total);
-        group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).expect("finish");
+        group
+            .finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30))
+            .expect("finish");
     }
 
     #[test]

@@ -102,7 +102,9 @@ fn member(config: GroupConfig, rank: usize, per_sender: u64, total: u64, sizes: 
             break;
         }
     }
-    group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).expect("finish");
+    group
+        .finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30))
+        .expect("finish");
     log
 }
 
@@ -174,7 +176,9 @@ fn uneven_senders_are_unblocked_by_nulls() {
                         })
                         .unwrap();
                 }
-                group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
+                group
+                    .finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30))
+                    .unwrap();
                 group.core().counters().values[spindle_group::counters::NULL_RUNS]
             })
         })
@@ -280,7 +284,9 @@ fn several_application_threads_send_at_once_without_loss_or_duplication() {
                     })
                     .unwrap();
             }
-            group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
+            group
+                .finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30))
+                .unwrap();
             seen.len()
         })
     };
@@ -319,7 +325,9 @@ fn several_application_threads_send_at_once_without_loss_or_duplication() {
         std::thread::yield_now();
     }
     let mut group = running.stop().unwrap();
-    group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
+    group
+        .finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30))
+        .unwrap();
     assert_eq!(
         peer.join().unwrap(),
         (THREADS * PER_THREAD) as usize,

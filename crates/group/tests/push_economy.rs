@@ -103,7 +103,9 @@ fn run(test: &str, window_slots: usize, slot_payload_max: usize, size: usize, co
                     .expect("poll 1");
                 group.idle(work);
             }
-            group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).expect("finish 1");
+            group
+                .finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30))
+                .expect("finish 1");
         })
     };
     let fabric = open(&config, 0);
@@ -127,14 +129,18 @@ fn run(test: &str, window_slots: usize, slot_payload_max: usize, size: usize, co
                 Err(e) => panic!("send: {e}"),
             }
         }
-        let work = group.poll(&mut |_: &spindle_group::Delivery<'_>| delivered += 1).expect("poll 0");
+        let work = group
+            .poll(&mut |_: &spindle_group::Delivery<'_>| delivered += 1)
+            .expect("poll 0");
         group.idle(work);
     }
     let after = (
         fabric.pushed_bytes.load(Ordering::Relaxed),
         fabric.pushes.load(Ordering::Relaxed),
     );
-    group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).expect("finish 0");
+    group
+        .finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30))
+        .expect("finish 0");
     receiver.join().expect("member 1");
     (after.0 - before.0, after.1 - before.1)
 }

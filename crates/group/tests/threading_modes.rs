@@ -59,7 +59,9 @@ fn dedicated_progress_threads_deliver_everything_and_hand_the_group_back() {
                 send_all(&sender);
                 wait_for(&delivered, 2 * PER_MEMBER);
                 let mut group = running.stop().expect("progress thread ran cleanly");
-                group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
+                group
+                    .finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30))
+                    .unwrap();
                 delivered.load(Ordering::Acquire)
             })
         })
@@ -84,8 +86,10 @@ fn one_shared_thread_runs_two_groups() {
                 ga.poll_or_idle(&mut |_: &spindle_group::Delivery<'_>| na += 1).unwrap();
                 gb.poll_or_idle(&mut |_: &spindle_group::Delivery<'_>| nb += 1).unwrap();
             }
-            ga.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
-            gb.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
+            ga.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30))
+                .unwrap();
+            gb.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30))
+                .unwrap();
             (na, nb)
         })
     };
@@ -110,7 +114,10 @@ fn one_shared_thread_runs_two_groups() {
     wait_for(&delivered, 2 * PER_MEMBER);
     let mut agents = runner.stop().expect("shared thread ran cleanly");
     for agent in agents.iter_mut() {
-        agent.group.finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30)).unwrap();
+        agent
+            .group
+            .finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(30))
+            .unwrap();
     }
     assert_eq!(peers.join().unwrap(), (PER_MEMBER, PER_MEMBER));
 }

@@ -1,0 +1,225 @@
+//! [`GroupBuilder`]: one way in. Name the group, say how many members and
+//! which one this is, pick a transport, and `join`.
+//!
+//! ```no_run
+//! use spindle::{Delivery, Group};
+//! let mut group = Group::builder("orders")
+//!     .members(3)
+//!     .rank(0)
+//!     .on_deliver(|d: &Delivery<'_>| println!("{} from {}", d.seq, d.sender_rank))
+//!     .join()?;
+//! group.send(b"hello")?;
+//! # Ok::<(), spindle::Error>(())
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use spindle_group::{DeliveryMode, GroupConfig, Replicated, SenderSet, StateMachine, Upcalls};
+use spindle_runtime::IdleStrategy;
+
+use crate::group::{Callbacks, Group};
+use crate::transport::{self, Transport};
+use crate::Error;
+
+/// Builds one member of a group. Every setting has a safe default (the
+/// values of `spindle_group::config::defaults`, the same as the group
+/// file's and the docs'); `join` validates them all and names the first
+/// bad one.
+///
+/// The type parameter is the application that receives the upcalls
+/// (deliveries, view changes, snapshots): delivery and view-change
+/// closures by default, a [`StateMachine`] after
+/// [`GroupBuilder::state_machine`], or any [`Upcalls`] after
+/// [`GroupBuilder::app`].
+pub struct GroupBuilder<A = Callbacks> {
+    config: GroupConfig,
+    members_set: bool,
+    rank: usize,
+    transport: Transport,
+    app: A,
+}
+
+impl GroupBuilder<Callbacks> {
+    /// A builder for group `name`: 3 members on shared memory, ordered
+    /// delivery, every member sends, this member is rank 0.
+    pub fn new(name: &str) -> GroupBuilder {
+        let mut builder = GroupBuilder::from_config(GroupConfig::new(name, spindle_group::config::defaults::MEMBERS));
+        builder.members_set = false;
+        builder
+    }
+
+    /// A builder from a group layer configuration (every field taken as is).
+    pub fn from_config(config: GroupConfig) -> GroupBuilder {
+        GroupBuilder {
+            config,
+            members_set: true,
+            rank: 0,
+            transport: Transport::Shm,
+            app: Callbacks::default(),
+        }
+    }
+
+    /// Call `f` with every delivered message, in delivery order (the
+    /// payload is valid during the call). Runs on the thread that polls.
+    pub fn on_deliver(mut self, f: impl FnMut(&spindle_group::Delivery<'_>) + Send + 'static) -> GroupBuilder {
+        self.app.deliver = Some(Box::new(f));
+        self
+    }
+
+    /// Call `f` with every view this member installs (the first view
+    /// too): after the old view's last delivery, before the new view's
+    /// first.
+    pub fn on_view_change(mut self, f: impl FnMut(&spindle_group::View) + Send + 'static) -> GroupBuilder {
+        self.app.view_change = Some(Box::new(f));
+        self
+    }
+
+    /// Replicate `state`: every member applies the same messages in the
+    /// same order, and a joiner starts from a snapshot. (Its
+    /// `StateMachine::view_installed` sees the view changes.)
+    pub fn state_machine<S: StateMachine>(self, state: S) -> GroupBuilder<Replicated<S>> {
+        self.app(Replicated::new(state))
+    }
+
+    /// Any [`Upcalls`] as the application.
+    pub fn app<U: Upcalls>(self, app: U) -> GroupBuilder<U> {
+        GroupBuilder {
+            config: self.config,
+            members_set: self.members_set,
+            rank: self.rank,
+            transport: self.transport,
+            app,
+        }
+    }
+}
+
+impl<A: Upcalls> GroupBuilder<A> {
+    /// How many members the group has (ranks `0..n`; at most 64). With
+    /// tcp, the default is the number of addresses.
+    pub fn members(mut self, n: usize) -> Self {
+        self.config.members = n;
+        self.members_set = true;
+        self
+    }
+
+    /// This member's rank, `0..members`.
+    pub fn rank(mut self, rank: usize) -> Self {
+        self.rank = rank;
+        self
+    }
+
+    /// How the members reach each other (default: shared memory).
+    pub fn transport(mut self, transport: Transport) -> Self {
+        if let Transport::Tcp(tcp) = &transport {
+            if !self.members_set {
+                self.config.members = tcp.members.len();
+            }
+        }
+        self.transport = transport;
+        self
+    }
+
+    /// Ordered (atomic multicast, the default) or unordered delivery.
+    pub fn mode(mut self, mode: DeliveryMode) -> Self {
+        self.config.mode = mode;
+        self
+    }
+
+    /// Which members send (default: all).
+    pub fn senders(mut self, senders: SenderSet) -> Self {
+        self.config.senders = senders;
+        self
+    }
+
+    /// Slots in each sender's ring: the send window (a power of two;
+    /// default 1024).
+    pub fn window_slots(mut self, slots: usize) -> Self {
+        self.config.window_slots = slots;
+        self
+    }
+
+    /// The largest message, bytes (default 10,240).
+    pub fn slot_payload_max(mut self, bytes: usize) -> Self {
+        self.config.slot_payload_max = bytes;
+        self
+    }
+
+    /// What a progress loop does when a pass finds nothing: spin, back off
+    /// (spin, yield, then park on the doorbell: the default), or park.
+    pub fn idle(mut self, idle: IdleStrategy) -> Self {
+        self.config.idle = idle;
+        self
+    }
+
+    /// How long `join` waits for the other members (default 10 s).
+    pub fn join_timeout(mut self, timeout: Duration) -> Self {
+        self.config.join_timeout = timeout;
+        self
+    }
+
+    /// A member whose heartbeat stalls this long is suspected and removed
+    /// (default 500 ms). The tcp send stall follows it (a quarter of it).
+    pub fn suspect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.suspect_timeout = timeout;
+        self
+    }
+
+    /// Membership changes on (the default: a failed member is removed and
+    /// the others go on) or off (a static group: a failed member stops
+    /// the others with an error).
+    pub fn membership(mut self, on: bool) -> Self {
+        self.config.membership = on;
+        self
+    }
+
+    /// The ranks in the first view (default: all). A member outside it
+    /// joins the running group when it calls `join`.
+    pub fn initial_members(mut self, ranks: Vec<usize>) -> Self {
+        self.config.initial_members = Some(ranks);
+        self
+    }
+
+    /// The group layer's configuration as it stands.
+    pub fn config(&self) -> &GroupConfig {
+        &self.config
+    }
+
+    /// Validate every setting, open the transport and join: as a member of
+    /// the first view (waiting up to the join timeout for the others), or,
+    /// for a rank outside `initial_members`, by joining the running group
+    /// (see [`GroupBuilder::join_running`]). Returns the member in invoker
+    /// mode: drive it with [`Group::poll`], or hand it to a progress
+    /// thread with [`Group::spawn`].
+    pub fn join(self) -> Result<Group<A>, Error> {
+        let joining = !self.config.initial_ranks().contains(&self.rank);
+        self.open_and_join(joining)
+    }
+
+    /// Join a group that is already running, as a rank outside its current
+    /// view (never started, or its member died or left): the group admits
+    /// it in a view change and the application gets the state snapshot
+    /// first. Waits up to the join timeout to be admitted.
+    pub fn join_running(self) -> Result<Group<A>, Error> {
+        self.open_and_join(true)
+    }
+
+    fn open_and_join(mut self, joining: bool) -> Result<Group<A>, Error> {
+        self.config.validate()?;
+        if self.rank >= self.config.members {
+            return Err(Error::Config(format!(
+                "rank {} is not a member: the group has {} members (ranks 0..={})",
+                self.rank,
+                self.config.members,
+                self.config.members - 1
+            )));
+        }
+        let fabric = Arc::new(transport::open(&self.transport, &self.config, self.rank, joining)?);
+        let inner = if joining {
+            spindle_group::Group::join_running(fabric, self.config, &mut self.app)?
+        } else {
+            spindle_group::Group::join(fabric, self.config)?
+        };
+        Ok(Group::new(inner, self.app))
+    }
+}

@@ -1,0 +1,53 @@
+//! The one error type of the `spindle` crate: every message names the bad
+//! value, the member at fault, or what a call was waiting for.
+
+pub use spindle_fabric::FabricError;
+pub use spindle_group::{GroupError, SendError};
+
+use crate::config::ConfigError;
+
+/// Why a `spindle` call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting of the builder is invalid (the message names it).
+    #[error("invalid setting: {0}")]
+    Config(String),
+    /// The group file is invalid or unreadable.
+    #[error(transparent)]
+    File(#[from] ConfigError),
+    /// The transport failed (open, connect, a peer's bad frame, …).
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    /// A blocking call gave up after its timeout.
+    #[error("timed out after {waited_ms} ms waiting for {waiting_for}")]
+    Timeout {
+        /// What the call was waiting for.
+        waiting_for: String,
+        /// How long it waited.
+        waited_ms: u64,
+    },
+    /// The group layer stopped this member (removed, minority partition,
+    /// a member gone from a static group, …).
+    #[error(transparent)]
+    Group(GroupError),
+    /// A message could not be sent.
+    #[error(transparent)]
+    Send(#[from] SendError),
+    /// The key-value service failed.
+    #[error(transparent)]
+    Kv(#[from] crate::kv::KvError),
+    /// The progress thread stopped with an error, or panicked.
+    #[error("the progress thread stopped: {0}")]
+    Thread(String),
+}
+
+impl From<GroupError> for Error {
+    fn from(e: GroupError) -> Error {
+        match e {
+            GroupError::Timeout { waiting_for, waited_ms } => Error::Timeout { waiting_for, waited_ms },
+            GroupError::Fabric(f) => Error::Fabric(f),
+            GroupError::Config(c) => Error::Config(c),
+            other => Error::Group(other),
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The builder: every bad setting is refused with an error naming it, the
+//! defaults are safe, and a built member delivers, changes views, runs on a
+//! progress thread and leaves.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use spindle::transport::{send_stall_max, tcp_options};
+use spindle::{Delivery, Error, Group, GroupError, TcpTransport, Transport, Upcalls, View};
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
+fn loopback_addresses(n: usize) -> Vec<SocketAddr> {
+    let listeners: Vec<_> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    listeners.iter().map(|l| l.local_addr().expect("address")).collect()
+}
+
+#[test]
+fn bad_settings_are_refused_with_the_setting_named() {
+    let e = Group::builder(&unique("b-rank"))
+        .members(2)
+        .rank(2)
+        .join()
+        .err()
+        .expect("rank 2 of 2");
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    assert!(e.to_string().contains("rank 2 is not a member"), "{e}");
+
+    let e = Group::builder(&unique("b-window"))
+        .window_slots(100)
+        .join()
+        .err()
+        .expect("not a power of two");
+    assert!(e.to_string().contains("window_slots = 100"), "{e}");
+
+    let e = Group::builder("bad name!").join().err().expect("bad name");
+    assert!(e.to_string().contains("bad name!"), "{e}");
+
+    let tcp = TcpTransport::new(loopback_addresses(2), b"a-sixteen-byte-key!".to_vec());
+    let e = Group::builder(&unique("b-count"))
+        .members(3)
+        .transport(Transport::Tcp(tcp))
+        .join()
+        .err()
+        .expect("3 members, 2 addresses");
+    assert!(
+        e.to_string()
+            .contains("lists 2 member addresses but the group has 3 members"),
+        "{e}"
+    );
+
+    let short = TcpTransport::new(loopback_addresses(2), b"short".to_vec());
+    let e = Group::builder(&unique("b-key"))
+        .transport(Transport::Tcp(short))
+        .join()
+        .err()
+        .expect("short key");
+    assert!(e.to_string().contains("the group key has 5 bytes"), "{e}");
+}
+
+#[test]
+fn tcp_defaults_keep_the_send_stall_below_the_suspicion_timeout() {
+    for suspect_ms in [20u64, 500, 10_000] {
+        let builder = Group::builder("stall")
+            .transport(Transport::Tcp(TcpTransport::new(loopback_addresses(3), vec![7u8; 32])))
+            .suspect_timeout(Duration::from_millis(suspect_ms));
+        assert_eq!(
+            builder.config().members,
+            3,
+            "members default to the number of addresses"
+        );
+        let config = builder.config().clone();
+        let layout = spindle::group_layer::layout::SmcLayout::new(&config);
+        let tcp = TcpTransport::new(loopback_addresses(3), vec![7u8; 32]);
+        let options = tcp_options(&tcp, &config, &layout, 0, false).expect("valid options");
+        assert!(options.send_stall_max < config.suspect_timeout);
+        assert_eq!(options.send_stall_max, send_stall_max(&config));
+        assert_eq!(options.send_stall_max, config.suspect_timeout / 4);
+    }
+}
+
+#[test]
+fn a_timeout_is_its_own_error() {
+    let e = Group::builder(&unique("b-timeout"))
+        .members(2)
+        .join_timeout(Duration::from_millis(50))
+        .join()
+        .err()
+        .expect("member 1 never comes");
+    assert!(
+        matches!(e, Error::Fabric(_)),
+        "a join timeout names the missing members: {e:?}"
+    );
+    assert!(e.to_string().contains("[1]"), "{e}");
+
+    let mut group = Group::builder(&unique("b-run-until"))
+        .members(1)
+        .join()
+        .expect("a group of one");
+    let e = group
+        .run_until(Duration::from_millis(20), |_| false)
+        .expect_err("never done");
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    let from_group: Error = GroupError::Timeout {
+        waiting_for: "x".into(),
+        waited_ms: 5,
+    }
+    .into();
+    assert!(matches!(from_group, Error::Timeout { waited_ms: 5, .. }));
+}
+
+/// One delivery: (seq, sender rank, payload).
+type Seq = (u64, usize, Vec<u8>);
+
+/// Deliveries and views, shared with the test thread.
+#[derive(Clone, Default)]
+struct Seen {
+    deliveries: Arc<Mutex<Vec<Seq>>>,
+    views: Arc<Mutex<Vec<View>>>,
+}
+
+impl Upcalls for Seen {
+    fn deliver(&mut self, d: &Delivery<'_>) {
+        let mut all = self.deliveries.lock().expect("lock");
+        all.push((d.seq, d.sender_rank, d.payload.to_vec()));
+    }
+    fn view_installed(&mut self, view: &View) {
+        self.views.lock().expect("lock").push(view.clone());
+    }
+}
+
+/// Three tcp members on threads: each sends 20 messages from a progress
+/// thread's group; every member sees the same order; member 2 leaves and
+/// the others install a view without it.
+#[test]
+fn tcp_members_deliver_in_one_order_and_a_leave_installs_a_view() {
+    let addresses = loopback_addresses(3);
+    let name = unique("b-tcp");
+    let seen: Vec<Seen> = (0..3).map(|_| Seen::default()).collect();
+    let groups: Vec<_> = std::thread::scope(|s| {
+        let joins: Vec<_> = (0..3)
+            .map(|rank| {
+                let (name, addresses, app) = (name.clone(), addresses.clone(), seen[rank].clone());
+                s.spawn(move || {
+                    Group::builder(&name)
+                        .rank(rank)
+                        .transport(Transport::Tcp(TcpTransport::new(addresses, vec![42u8; 32])))
+                        .app(app)
+                        .join()
+                        .expect("join")
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().expect("member thread")).collect()
+    });
+    let running: Vec<_> = groups.into_iter().map(Group::spawn).collect();
+    for (rank, member) in running.iter().enumerate() {
+        let sender = member.sender().expect("every member sends");
+        let mut sent = 0;
+        while sent < 20 {
+            match sender.send(&[rank as u8; 8]) {
+                Ok(()) => sent += 1,
+                Err(spindle::SendError::WouldBlock) => std::thread::yield_now(),
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while seen.iter().any(|s| s.deliveries.lock().expect("lock").len() < 60) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "every member delivers 60 messages"
+        );
+        assert!(running.iter().all(|r| !r.has_failed()), "no progress thread fails");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let first = seen[0].deliveries.lock().expect("lock").clone();
+    for s in &seen[1..] {
+        assert_eq!(*s.deliveries.lock().expect("lock"), first, "total order");
+    }
+    let mut members: Vec<_> = running.into_iter().map(|r| r.stop().expect("stop")).collect();
+    let leaver = members.pop().expect("member 2");
+    std::thread::scope(|s| {
+        s.spawn(move || leaver.leave(Duration::from_secs(30)).expect("member 2 leaves"));
+        for member in members.iter_mut() {
+            s.spawn(move || {
+                member
+                    .run_until(Duration::from_secs(30), |app| {
+                        app.views
+                            .lock()
+                            .expect("lock")
+                            .last()
+                            .is_some_and(|v| v.members == [0, 1])
+                    })
+                    .expect("the others install a view without member 2")
+            });
+        }
+    });
+    let views = seen[0].views.lock().expect("lock").clone();
+    assert_eq!(views.last().expect("a view").departed, vec![2]);
+}

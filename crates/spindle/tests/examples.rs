@@ -1,0 +1,117 @@
+//! Every example of the `spindle` crate runs and exits 0 (cargo builds the
+//! examples before it runs the tests). Each run is bounded: a hung example
+//! is killed and the test fails with its output. The examples run one at
+//! a time (the rt ring's releases need the CPUs of this 2-core machine).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The longest an example may run before it counts as hung.
+const EXAMPLE_RUN_MAX: Duration = Duration::from_secs(120);
+
+/// `target/<profile>/examples/<name>`, found from this test's own path
+/// (`target/<profile>/deps/examples-<hash>`).
+fn example_path(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
+    profile_dir.join("examples").join(name)
+}
+
+/// Run example `name` with `env`, wait (bounded), and return its stdout;
+/// panics with the output unless it exits 0.
+fn run_example(name: &str, args: &[&str], env: &[(String, String)]) -> String {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let path = example_path(name);
+    assert!(path.exists(), "example {name} was not built at {}", path.display());
+    let mut child = Command::new(&path)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start example {name}: {e}"));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the example") {
+            break Some(status);
+        }
+        if started.elapsed() > EXAMPLE_RUN_MAX {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = child.wait_with_output().expect("the example's output");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    match status {
+        Some(s) if s.success() => stdout,
+        Some(s) => panic!("example {name} failed ({s}):\n{stdout}\n{stderr}"),
+        None => panic!("example {name} ran longer than {EXAMPLE_RUN_MAX:?}:\n{stdout}\n{stderr}"),
+    }
+}
+
+/// Three free loopback ports (bound, then released for the example).
+fn free_ports() -> Vec<u16> {
+    let listeners: Vec<_> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("address").port())
+        .collect()
+}
+
+#[test]
+fn hello_shm_delivers_three_messages_in_one_order() {
+    let out = run_example("hello_shm", &[], &[]);
+    assert!(out.contains("OK: 3 members delivered the same 3 messages"), "{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("seq ")).count(), 3, "{out}");
+}
+
+#[test]
+fn hello_tcp_opens_a_three_member_group_from_its_config_file() {
+    let dir = tempfile::tempdir().expect("a directory for the key");
+    let mut env: Vec<(String, String)> = free_ports()
+        .iter()
+        .enumerate()
+        .map(|(id, port)| (format!("SPINDLE_MEMBER_{id}_ADDRESS"), format!("127.0.0.1:{port}")))
+        .collect();
+    let key = dir.path().join("hello.key");
+    env.push(("SPINDLE_GROUP_KEY_FILE".into(), key.display().to_string()));
+    let out = run_example("hello_tcp", &[], &env);
+    assert!(
+        out.contains("OK: member(s) [0, 1, 2] delivered the same 3 messages"),
+        "{out}"
+    );
+    for id in 0..3 {
+        assert!(
+            out.contains(&format!("from member {id}: hello from member {id}")),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn replicated_map_survives_a_kill_and_a_join() {
+    let out = run_example("replicated_map", &[], &[]);
+    assert!(out.contains("killing member 2"), "{out}");
+    assert!(out.contains("all members hold the same map"), "{out}");
+}
+
+#[test]
+fn kv_client_talks_to_the_replicated_store_through_the_redis_crate() {
+    let out = run_example("kv_client", &[], &[]);
+    assert!(out.contains("stopped cleanly"), "{out}");
+}
+
+#[test]
+fn rt_ring_moves_every_message_around_the_ring() {
+    let out = run_example("rt_ring", &[], &[]);
+    for node in ["A", "B", "C"] {
+        assert!(out.contains(&format!("node {node}: received 200/200")), "{out}");
+    }
+}
