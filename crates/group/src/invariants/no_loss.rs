@@ -33,14 +33,7 @@ impl Property for NoLoss {
     }
 
     fn observe(&mut self, ctx: &Context, event: &Event<'_>) -> Result<(), Violation> {
-        let v = match event {
-            Event::Delivery(d) => {
-                self.survivors.delivered(d);
-                return Ok(());
-            }
-            Event::View(v) => v,
-        };
-        let Some(mv) = self.survivors.moving(ctx, v) else {
+        let Some((mv, v)) = self.survivors.observe(ctx, event) else {
             return Ok(());
         };
         let from = mv.from;

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::checker::{Context, Delivered, Installed};
+use super::checker::{Context, Delivered, Event, Installed};
 
 /// A set of `(sender, index)` delivered in one view.
 pub type Set = BTreeSet<(usize, u64)>;
@@ -31,6 +31,18 @@ impl Survivors {
             .entry((d.member, d.view))
             .or_default()
             .insert((d.sender, d.index));
+    }
+
+    /// Take one event: a delivery is recorded (None); a view installation
+    /// gives the move it makes, with the installation.
+    pub fn observe<'e>(&mut self, ctx: &Context, event: &'e Event<'e>) -> Option<(Move, &'e Installed<'e>)> {
+        match event {
+            Event::Delivery(d) => {
+                self.delivered(d);
+                None
+            }
+            Event::View(v) => self.moving(ctx, v).map(|mv| (mv, v)),
+        }
     }
 
     /// The move a view installation makes (None: the member had no view,
