@@ -116,7 +116,7 @@ impl MemberSpec {
         config.window_slots = self.window;
         config.slot_payload_max = self.slot_payload_max;
         config.batching = self.batching;
-        config.idle = parse_idle(&self.idle)?;
+        config.idle = parse_idle(&self.idle).map_err(|e| e.to_string())?;
         config.join_timeout = Duration::from_millis(self.join_timeout_ms);
         config.membership = self.membership;
         if self.suspect_timeout_ms > 0 {

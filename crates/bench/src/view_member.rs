@@ -226,7 +226,7 @@ fn open_tcp(args: &ViewMemberArgs, config: &GroupConfig) -> Result<TcpFabric, St
     };
     let addresses = addresses
         .iter()
-        .map(|a| spindle::config::resolve(a))
+        .map(|a| spindle::config::resolve(a).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
     let tcp = TcpTransport::new(addresses, group_key(&args.group));
     // The one recipe for a tcp group's options: one stuck peer cannot

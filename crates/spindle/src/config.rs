@@ -352,7 +352,7 @@ impl GroupFile {
         c.window_slots = self.window_slots;
         c.slot_payload_max = self.slot_payload_max;
         c.batching = self.batching;
-        c.idle = parse_idle(&self.idle)?;
+        c.idle = parse_idle(&self.idle).map_err(|e| e.to_string())?;
         c.join_timeout = std::time::Duration::from_millis(self.join_timeout_ms);
         c.membership = self.membership;
         c.suspect_timeout = std::time::Duration::from_millis(self.suspect_timeout_ms);
@@ -631,12 +631,12 @@ fn integer(v: &Option<toml::Value>, key: &str) -> Result<usize, String> {
 }
 
 /// Resolve `host:port` to one socket address (the first the resolver gives).
-pub fn resolve(address: &str) -> Result<SocketAddr, String> {
+pub fn resolve(address: &str) -> Result<SocketAddr, ConfigError> {
     address
         .to_socket_addrs()
-        .map_err(|e| format!("'{address}' is not a host:port ({e})"))?
+        .map_err(|e| ConfigError::Invalid(format!("'{address}' is not a host:port ({e})")))?
         .next()
-        .ok_or_else(|| format!("'{address}' resolves to no address"))
+        .ok_or_else(|| ConfigError::Invalid(format!("'{address}' resolves to no address")))
 }
 
 /// The idle strategies of a group file, the bench and `spindle run`:
@@ -645,14 +645,14 @@ pub fn resolve(address: &str) -> Result<SocketAddr, String> {
 /// blocked thread is woken by the receive thread's ring (or the kernel) at
 /// once, while a yielding one waits for a time slice on a busy machine:
 /// `park` is what tcp members use by default.
-pub fn parse_idle(s: &str) -> Result<IdleStrategy, String> {
+pub fn parse_idle(s: &str) -> Result<IdleStrategy, ConfigError> {
     match s {
         "park" => Ok(IdleStrategy::Backoff {
             spins: 50,
             yields: 0,
             park: Duration::from_millis(1),
         }),
-        other => IdleStrategy::parse(other).map_err(|e| format!("{e} (or 'park')")),
+        other => IdleStrategy::parse(other).map_err(|e| ConfigError::Invalid(format!("{e} (or 'park')"))),
     }
 }
 
