@@ -10,7 +10,7 @@
 //!
 //! The simulator drives it online, after every step of every member, and
 //! stops at the first violation; the log checks replay delivery logs into
-//! it ([`super::replay`]) and go on to the end, keeping each property's
+//! it (`replay`) and go on to the end, keeping each property's
 //! first violation. Each property keeps only what it needs (O(1) or
 //! O(log n) per delivery; a view change compares the sets delivered in
 //! the view that ended).

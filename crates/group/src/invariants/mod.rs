@@ -6,7 +6,7 @@
 //!   every member ([`simulation`]), and stops at the first violation.
 //! - The log checks ([`check_all`], [`check_lines`], ...) read delivery
 //!   logs ([`log`], written by [`crate::delivery_log`]) and replay them as
-//!   a stream of events into the same [`Checker`] ([`replay`]).
+//!   a stream of events into the same [`Checker`] (`replay`).
 //!
 //! Member ids are stable across views; in each view `seq` and each
 //! sender's `index` restart at 0, so a message is `(view, sender, index)`.
