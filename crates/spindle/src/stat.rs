@@ -295,20 +295,16 @@ fn read_group(file: &GroupFile) -> GroupStat {
             }
         })
         .collect();
-    GroupStat {
-        group: file.group.clone(),
-        transport: "shm",
-        view_of: None,
-        path: file.path.display().to_string(),
-        live: file.live,
-        layout: file.layout_description(),
-        unknown_layout: layout
-            .as_ref()
-            .err()
-            .map(|e| format!("the group's layout is unknown to this version of spindle ({e})")),
-        senders: layout.as_ref().map(|l| l.senders).unwrap_or(0),
-        members,
-    }
+    let mut stat = GroupStat::new(
+        file.group.clone(),
+        "shm",
+        &file.path,
+        file.live,
+        file.layout_description(),
+        &layout,
+    );
+    stat.members = members;
+    stat
 }
 
 /// One tcp member's stat file: its own row and its copies of its peers'
@@ -347,19 +343,37 @@ fn read_tcp_member(file: &StatReader) -> GroupStat {
             row: layout.as_ref().ok().map(|l| read_row(file.row(rank), l)),
         })
         .collect();
-    GroupStat {
-        group,
-        transport: "tcp",
-        view_of: Some(me),
-        path: file.path.display().to_string(),
-        live: file.live,
-        layout: file.layout_description(),
-        unknown_layout: layout
-            .as_ref()
-            .err()
-            .map(|e| format!("the group's layout is unknown to this version of spindle ({e})")),
-        senders: layout.as_ref().map(|l| l.senders).unwrap_or(0),
-        members,
+    let mut stat = GroupStat::new(group, "tcp", &file.path, file.live, file.layout_description(), &layout);
+    stat.view_of = Some(me);
+    stat.members = members;
+    stat
+}
+
+impl GroupStat {
+    /// A group's stat before its members are read: the file, its layout
+    /// summary, and what the recovered layout says (or why it is unknown).
+    fn new(
+        group: String,
+        transport: &'static str,
+        path: &Path,
+        live: bool,
+        layout_description: String,
+        layout: &Result<SmcLayout, String>,
+    ) -> GroupStat {
+        GroupStat {
+            group,
+            transport,
+            view_of: None,
+            path: path.display().to_string(),
+            live,
+            layout: layout_description,
+            unknown_layout: layout
+                .as_ref()
+                .err()
+                .map(|e| format!("the group's layout is unknown to this version of spindle ({e})")),
+            senders: layout.as_ref().map(|l| l.senders).unwrap_or(0),
+            members: Vec::new(),
+        }
     }
 }
 
