@@ -626,6 +626,13 @@ impl<F: Fabric> GroupCore<F> {
                 continue;
             }
             let index = row.u64_at(off).load(Ordering::Relaxed);
+            if index != msgs && self.sender_moved_on(row) {
+                // The sender installed a newer view while we read (this
+                // member was removed and does not know yet) and may be
+                // publishing its trimmed slots again with new indices.
+                p -= 1;
+                break;
+            }
             assert_eq!(
                 index,
                 msgs,
@@ -673,6 +680,87 @@ impl<F: Fabric> GroupCore<F> {
             self.counters.add(counters::DELIVERY_BATCHES, 1);
         }
         (p - start) as u32
+    }
+
+    /// Whether a sender's row runs a newer view than this member's.
+    #[cold]
+    fn sender_moved_on(&self, row: RowRef<'_>) -> bool {
+        // Acquire: pairs with the Release store of `smc_view` in the
+        // sender's `tag_view`.
+        row.u64_at(self.layout.guard_view.offset()).load(Ordering::Acquire) != self.view + 1
+    }
+
+    /// No loss for a sender that stays in the next view: its messages
+    /// published in the old view beyond the ragged edge (`final_seq`) were
+    /// delivered nowhere (every delivery anywhere is below the edge), so
+    /// they are published again, with the next view's indices, by the next
+    /// `publish` (Derecho re-sends them the same way). Called at install,
+    /// before [`GroupCore::enter_view`], in ordered mode. Returns how many
+    /// data messages go out again.
+    ///
+    /// The ring slots from the first trimmed one on still hold the
+    /// messages: flow control never let the application reuse them (no
+    /// member released a slot it did not deliver), and their commit marks
+    /// still read `position + 1`, so `scan` finds them again. Null runs
+    /// among them are turned into skips (they filled the old view's
+    /// round-robin order and mean nothing in the next one).
+    pub(crate) fn rewind_trimmed(&mut self, final_seq: u64) -> u64 {
+        let Some(si) = self.my_sender_index else {
+            return 0;
+        };
+        let senders = self.sender_ranks.len() as u64;
+        let si = si as u64;
+        // Own indices i with seq = i × senders + si below the edge.
+        let delivered_own = if final_seq > si {
+            (final_seq - si).div_ceil(senders)
+        } else {
+            0
+        };
+        assert!(
+            delivered_own <= self.next_msg_index,
+            "virtual synchrony: the ragged edge {final_seq} passes index {delivered_own} of member {}, which published only {}",
+            self.my_rank,
+            self.next_msg_index
+        );
+        let fabric = Arc::clone(&self.fabric);
+        let me = fabric.row(self.my_rank);
+        let window_slots = self.layout.window_slots as u64;
+        // The first slot whose first index is past the edge (a null run
+        // that straddles it stays: a slow member may still pass it while
+        // it delivers the old view's ragged edge). Only the last window of
+        // positions still holds what was published there.
+        let mut resend_from = self.my_base.max(self.published_slots.saturating_sub(window_slots));
+        while resend_from < self.published_slots {
+            let off = self.layout.slot_offset(resend_from);
+            let null_count = me.u32_at(off + 8).load(Ordering::Relaxed);
+            if null_count != NULL_COUNT_SKIP && me.u64_at(off).load(Ordering::Relaxed) >= delivered_own {
+                break;
+            }
+            resend_from += 1;
+        }
+        assert!(
+            self.flow_limit <= resend_from + window_slots,
+            "no duplication: trimmed slot {resend_from} of member {} could be reused (flow limit {})",
+            self.my_rank,
+            self.flow_limit,
+        );
+        let mut resent = 0u64;
+        for p in resend_from..self.published_slots {
+            let off = self.layout.slot_offset(p);
+            match me.u32_at(off + 8).load(Ordering::Relaxed) {
+                0 => resent += 1,
+                NULL_COUNT_SKIP => {}
+                _ => me.u32_at(off + 8).store(NULL_COUNT_SKIP, Ordering::Relaxed),
+            }
+        }
+        debug_assert!(
+            resent <= self.next_msg_index - delivered_own,
+            "no duplication: {resent} messages to resend but only {} were trimmed",
+            self.next_msg_index - delivered_own
+        );
+        self.published_slots = resend_from;
+        self.counters.add(counters::RESENT_MSGS, resent);
+        resent
     }
 
     // ---- 3. nulls ---------------------------------------------------------
@@ -808,6 +896,8 @@ impl<F: Fabric> GroupCore<F> {
                 });
                 delivered += 1;
                 bytes += len as u64;
+            } else {
+                up.null_passed(self.view, rank, index);
             }
             q += 1;
             s += 1;

@@ -3,7 +3,7 @@
 //! member's cooperation. Each is a monotonic `u64`.
 
 /// Counter ids are indices into this list; the ids are stable.
-pub const COUNTER_NAMES: [&str; 20] = [
+pub const COUNTER_NAMES: [&str; 21] = [
     "sent_msgs",           // 0 data messages committed by this member
     "sent_bytes",          // 1
     "nulls_sent",          // 2 null messages (counted one by one)
@@ -24,6 +24,7 @@ pub const COUNTER_NAMES: [&str; 20] = [
     "trimmed_msgs",        // 17 messages received but beyond a ragged-edge cut (not delivered)
     "suspicions",          // 18 members this member suspected on its own
     "view",                // 19 the current view id
+    "resent_msgs",         // 20 own messages trimmed by a ragged edge and published again in the next view
 ];
 
 pub const SENT_MSGS: usize = 0;
@@ -46,6 +47,7 @@ pub const VIEWS_INSTALLED: usize = 16;
 pub const TRIMMED_MSGS: usize = 17;
 pub const SUSPICIONS: usize = 18;
 pub const VIEW: usize = 19;
+pub const RESENT_MSGS: usize = 20;
 
 /// The progress loop's private copy, flushed to the row once per pass.
 #[derive(Clone, Debug, Default)]

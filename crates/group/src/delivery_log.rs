@@ -18,6 +18,22 @@
 //!   at 0 in each view and skip the values of nulls. `xxh3` is the lowercase
 //!   hex of the payload's xxh3-64.
 //!
+//! - **null run** (`null_from`, `null_to`): the indices `null_from..=null_to`
+//!   of `sender` in `view` were nulls, passed in the total order (see
+//!   [`crate::Upcalls::null_passed`]). A run is written when it ends: at the
+//!   sender's next delivery, at the next view line, or at a flush. With
+//!   these lines every index of every sender is accounted for, so a reader
+//!   can prove a log has no gaps ([`crate::invariants::index_gaps`]):
+//!
+//! ```text
+//! {"member":0,"view":0,"sender":2,"null_from":8,"null_to":11}
+//! ```
+//!
+//! The writer buffers up to 1 MiB; a driver that wants a bound on what a
+//! crash loses calls [`DeliveryLog::flush_if_due`] from its loop (`spindle
+//! run` and the bench: every 100 ms) and [`DeliveryLog::flush`] at every
+//! view change.
+//!
 //! Member ids are stable across views. The checkers in
 //! [`crate::invariants`] read these files ([`crate::invariants::read_all`]).
 
@@ -27,19 +43,37 @@ use std::path::{Path, PathBuf};
 
 use crate::core::Delivery;
 
-/// Appends delivery and view lines for one member to `<dir>/member-<rank>.jsonl`.
+/// A null run not yet written: (view, first index, last index).
+type NullRun = Option<(u64, u64, u64)>;
+
+/// Appends delivery, view and null-run lines for one member to
+/// `<dir>/member-<rank>.jsonl`.
 pub struct DeliveryLog {
     member: usize,
     out: BufWriter<File>,
     path: PathBuf,
+    /// Per sender rank, the null run being coalesced.
+    null_runs: [NullRun; spindle_fabric::MEMBERS_MAX],
+    /// When the buffer was last written out (the driver's clock, ns).
+    flushed_ns: u64,
 }
+
+/// How often [`DeliveryLog::flush_if_due`] writes the buffer out: what a
+/// crash can lose at most.
+pub const FLUSH_INTERVAL_NS: u64 = 100_000_000;
 
 impl DeliveryLog {
     pub fn create(dir: &Path, member: usize) -> std::io::Result<DeliveryLog> {
         std::fs::create_dir_all(dir)?;
         let path = Self::path_for(dir, member);
         let out = BufWriter::with_capacity(1 << 20, File::create(&path)?);
-        Ok(DeliveryLog { member, out, path })
+        Ok(DeliveryLog {
+            member,
+            out,
+            path,
+            null_runs: [None; spindle_fabric::MEMBERS_MAX],
+            flushed_ns: 0,
+        })
     }
 
     pub fn path_for(dir: &Path, member: usize) -> PathBuf {
@@ -48,6 +82,9 @@ impl DeliveryLog {
 
     /// Record one delivery (formats into the buffer: no allocation).
     pub fn record(&mut self, d: &Delivery<'_>) -> std::io::Result<()> {
+        if self.null_runs[d.sender_rank].is_some() {
+            self.write_null_run(d.sender_rank)?;
+        }
         let hash = xxhash_rust::xxh3::xxh3_64(d.payload);
         writeln!(
             self.out,
@@ -66,6 +103,7 @@ impl DeliveryLog {
     /// ascending), before any delivery of that view (formats into the
     /// buffer: no allocation).
     pub fn record_view(&mut self, view: u64, members: &[usize]) -> std::io::Result<()> {
+        self.write_null_runs()?;
         write!(self.out, "{{\"member\":{},\"view\":{view},\"members\":[", self.member)?;
         for (i, m) in members.iter().enumerate() {
             if i > 0 {
@@ -76,8 +114,63 @@ impl DeliveryLog {
         self.out.write_all(b"]}\n")
     }
 
+    /// Record that this member left the group on request at the end of
+    /// `view` (replayed, it tells the checkers the leave was agreed to).
+    pub fn record_left(&mut self, view: u64) -> std::io::Result<()> {
+        self.write_null_runs()?;
+        writeln!(self.out, "{{\"member\":{},\"view\":{view},\"left\":true}}", self.member)
+    }
+
+    /// Record that index `index` of `sender_rank` in `view` was a null
+    /// (coalesced into runs: consecutive nulls of a sender make one line).
+    pub fn record_null(&mut self, view: u64, sender_rank: usize, index: u64) -> std::io::Result<()> {
+        match &mut self.null_runs[sender_rank] {
+            Some((v, _, last)) if *v == view && *last + 1 == index => {
+                *last = index;
+                return Ok(());
+            }
+            Some(_) => self.write_null_run(sender_rank)?,
+            None => {}
+        }
+        self.null_runs[sender_rank] = Some((view, index, index));
+        Ok(())
+    }
+
+    fn write_null_run(&mut self, sender_rank: usize) -> std::io::Result<()> {
+        let Some((view, from, to)) = self.null_runs[sender_rank].take() else {
+            return Ok(());
+        };
+        debug_assert!(from <= to, "no gaps: null run {from}..={to} is empty");
+        writeln!(
+            self.out,
+            "{{\"member\":{},\"view\":{view},\"sender\":{sender_rank},\"null_from\":{from},\"null_to\":{to}}}",
+            self.member
+        )
+    }
+
+    fn write_null_runs(&mut self) -> std::io::Result<()> {
+        for sender_rank in 0..self.null_runs.len() {
+            self.write_null_run(sender_rank)?;
+        }
+        Ok(())
+    }
+
+    /// Write everything recorded so far (null runs included) to the file.
     pub fn flush(&mut self) -> std::io::Result<()> {
+        self.write_null_runs()?;
         self.out.flush()
+    }
+
+    /// [`DeliveryLog::flush`] when the last one is at least
+    /// [`FLUSH_INTERVAL_NS`] before `now_ns` (the driver's monotonic
+    /// clock). Returns whether it flushed.
+    pub fn flush_if_due(&mut self, now_ns: u64) -> std::io::Result<bool> {
+        if now_ns.saturating_sub(self.flushed_ns) < FLUSH_INTERVAL_NS {
+            return Ok(false);
+        }
+        self.flushed_ns = now_ns;
+        self.flush()?;
+        Ok(true)
     }
 
     pub fn path(&self) -> &Path {

@@ -59,6 +59,13 @@ use crate::GroupError;
 pub trait Upcalls {
     /// One delivered message (the payload is valid during the call).
     fn deliver(&mut self, d: &Delivery<'_>);
+    /// Ordered delivery passed a null: position `index` of `sender_rank`'s
+    /// stream in `view` carried no message (a sender behind the round-robin
+    /// order fills its indices with nulls). Together with the deliveries,
+    /// these account for every index of every sender, so a log that
+    /// records both can prove it has no gaps. Called once per null index,
+    /// in total order; the default ignores it.
+    fn null_passed(&mut self, _view: u64, _sender_rank: usize, _index: u64) {}
     /// A new view was installed (after the old view's last delivery and
     /// before the new view's first).
     fn view_installed(&mut self, _view: &View) {}
@@ -717,6 +724,11 @@ impl<F: Fabric> GroupCore<F> {
         let provider = (p.next_members & old_members).trailing_zeros() as usize;
         if p.joiners != 0 && provider == self.my_rank {
             self.write_snapshot(p.next_view, up)?;
+        }
+        // No loss for a sender that stays: what it published beyond the
+        // edge goes out again in the next view.
+        if !joiner && self.mode == DeliveryMode::Ordered {
+            self.rewind_trimmed(p.final_seq);
         }
         let members = mask_ranks(p.next_members);
         self.enter_view(p.next_view, &members);

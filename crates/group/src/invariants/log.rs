@@ -37,11 +37,15 @@ pub struct ViewEntry {
 /// Every member's view installations, in log order, by member id.
 pub type ViewLogs = BTreeMap<usize, Vec<ViewEntry>>;
 
-/// One line of a delivery log, either kind.
+/// One line of a delivery log, either kind, or the member's leave: a
+/// `{"member":m,"view":v,"left":true}` line says that `m` left the group
+/// on request at the end of view `v` (it agreed to the view without it,
+/// which the majority rule of [`super::view_chain`] counts).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LogLine {
     Delivery(LogEntry),
     View(ViewEntry),
+    Left { member: usize, view: u64 },
 }
 
 impl LogLine {
@@ -50,6 +54,7 @@ impl LogLine {
         match self {
             LogLine::Delivery(e) => e.member,
             LogLine::View(v) => v.member,
+            LogLine::Left { member, .. } => *member,
         }
     }
 
@@ -58,6 +63,7 @@ impl LogLine {
         match self {
             LogLine::Delivery(e) => e.view,
             LogLine::View(v) => v.view,
+            LogLine::Left { view, .. } => *view,
         }
     }
 }
@@ -65,7 +71,21 @@ impl LogLine {
 /// Every member's log lines, both kinds interleaved as written, by member id.
 pub type MemberLines = BTreeMap<usize, Vec<LogLine>>;
 
-/// Either kind of line, before telling which.
+/// One null-run line of a delivery log: indices `null_from..=null_to` of
+/// `sender` in `view` were nulls, passed in the total order.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct NullRunEntry {
+    pub member: usize,
+    pub view: u64,
+    pub sender: usize,
+    pub null_from: u64,
+    pub null_to: u64,
+}
+
+/// Every member's null runs, in log order, by member id.
+pub type NullRuns = BTreeMap<usize, Vec<NullRunEntry>>;
+
+/// Any kind of line, before telling which.
 #[derive(Deserialize)]
 struct RawLine {
     member: usize,
@@ -76,10 +96,60 @@ struct RawLine {
     seq: Option<u64>,
     len: Option<u64>,
     xxh3: Option<String>,
+    null_from: Option<u64>,
+    null_to: Option<u64>,
+    left: Option<bool>,
 }
 
-fn parse_line(line: &str) -> Result<LogLine, String> {
+/// A line: a delivery or a view line (`Ok(Ok)`), or a null run (`Ok(Err)`).
+fn parse_any(line: &str) -> Result<Result<LogLine, NullRunEntry>, String> {
     let raw: RawLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    match raw {
+        RawLine {
+            member,
+            view,
+            members: None,
+            sender: Some(sender),
+            index: None,
+            seq: None,
+            len: None,
+            xxh3: None,
+            null_from: Some(null_from),
+            null_to: Some(null_to),
+            left: None,
+        } if null_from <= null_to => Ok(Err(NullRunEntry {
+            member,
+            view,
+            sender,
+            null_from,
+            null_to,
+        })),
+        RawLine {
+            member,
+            view,
+            members: None,
+            sender: None,
+            index: None,
+            seq: None,
+            len: None,
+            xxh3: None,
+            null_from: None,
+            null_to: None,
+            left: Some(true),
+        } => Ok(Ok(LogLine::Left { member, view })),
+        RawLine {
+            null_from: None,
+            null_to: None,
+            left: None,
+            ..
+        } => parse_line(raw).map(Ok),
+        _ => Err(
+            "a null-run line needs sender, null_from <= null_to and nothing else; a leave line only left: true".into(),
+        ),
+    }
+}
+
+fn parse_line(raw: RawLine) -> Result<LogLine, String> {
     match raw {
         RawLine {
             member,
@@ -90,6 +160,7 @@ fn parse_line(line: &str) -> Result<LogLine, String> {
             seq: None,
             len: None,
             xxh3: None,
+            ..
         } => Ok(LogLine::View(ViewEntry { member, view, members })),
         RawLine {
             member,
@@ -100,6 +171,7 @@ fn parse_line(line: &str) -> Result<LogLine, String> {
             seq: Some(seq),
             len: Some(len),
             xxh3: Some(xxh3),
+            ..
         } => Ok(LogLine::Delivery(LogEntry {
             member,
             view,
@@ -113,10 +185,18 @@ fn parse_line(line: &str) -> Result<LogLine, String> {
     }
 }
 
-/// Read every `member-*.jsonl` in `dir`, both kinds of lines, interleaved
-/// as written.
+/// Read every `member-*.jsonl` in `dir`: delivery and view lines,
+/// interleaved as written (null-run lines are left out: see
+/// [`read_lines_and_nulls`]).
 pub fn read_lines(dir: &Path) -> Result<MemberLines, String> {
+    Ok(read_lines_and_nulls(dir)?.0)
+}
+
+/// Read every `member-*.jsonl` in `dir`: delivery and view lines,
+/// interleaved as written, and the null runs apart.
+pub fn read_lines_and_nulls(dir: &Path) -> Result<(MemberLines, NullRuns), String> {
     let mut all = MemberLines::new();
+    let mut all_nulls = NullRuns::new();
     let entries = std::fs::read_dir(dir).map_err(|e| format!("read {}: {e}", dir.display()))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -132,23 +212,75 @@ pub fn read_lines(dir: &Path) -> Result<MemberLines, String> {
             text.truncate(keep);
         }
         let mut lines = Vec::new();
+        let mut nulls = Vec::new();
         for (n, line) in text.lines().enumerate() {
-            let parsed = parse_line(line).map_err(|e| format!("{name} line {}: {e}", n + 1))?;
-            let member = parsed.member();
+            let parsed = parse_any(line).map_err(|e| format!("{name} line {}: {e}", n + 1))?;
+            let member = match &parsed {
+                Ok(l) => l.member(),
+                Err(run) => run.member,
+            };
             if member != rank {
                 return Err(format!(
                     "{name} line {}: member {member} in the log of member {rank}",
                     n + 1
                 ));
             }
-            lines.push(parsed);
+            match parsed {
+                Ok(l) => lines.push(l),
+                Err(run) => nulls.push(run),
+            }
         }
         all.insert(rank, lines);
+        all_nulls.insert(rank, nulls);
     }
     if all.is_empty() {
         return Err(format!("no member-*.jsonl logs in {}", dir.display()));
     }
-    Ok(all)
+    Ok((all, all_nulls))
+}
+
+/// No gaps, from a log alone (ordered delivery): in every view, the
+/// indices of each sender that a member delivered or passed as nulls are
+/// exactly `0..n` for some `n`, each once. A member's log written with
+/// null-run lines ([`crate::delivery_log`]) proves it this way without
+/// knowing what was sent; a crash only shortens the prefix.
+pub fn index_gaps(lines: &MemberLines, nulls: &NullRuns) -> Result<(), String> {
+    // (member, view, sender) -> index intervals, inclusive.
+    let mut spans: BTreeMap<(usize, u64, usize), Vec<(u64, u64)>> = BTreeMap::new();
+    for member_lines in lines.values() {
+        for line in member_lines {
+            if let LogLine::Delivery(e) = line {
+                spans
+                    .entry((e.member, e.view, e.sender))
+                    .or_default()
+                    .push((e.index, e.index));
+            }
+        }
+    }
+    for run in nulls.values().flatten() {
+        spans
+            .entry((run.member, run.view, run.sender))
+            .or_default()
+            .push((run.null_from, run.null_to));
+    }
+    for ((member, view, sender), mut list) in spans {
+        list.sort_unstable();
+        let mut next = 0u64;
+        for (from, to) in list {
+            if from > next {
+                return Err(format!(
+                    "no gaps: member {member}, view {view}: sender {sender}'s indices {next}..{from} were neither delivered nor nulls"
+                ));
+            }
+            if from < next {
+                return Err(format!(
+                    "no duplication: member {member}, view {view}: sender {sender}'s index {from} accounted for twice"
+                ));
+            }
+            next = to + 1;
+        }
+    }
+    Ok(())
 }
 
 /// Split interleaved lines into deliveries and view installations (every
@@ -162,6 +294,7 @@ pub fn split_lines(lines: &MemberLines) -> (Logs, ViewLogs) {
             match line {
                 LogLine::Delivery(e) => d.push(e.clone()),
                 LogLine::View(e) => v.push(e.clone()),
+                LogLine::Left { .. } => {}
             }
         }
         logs.insert(*member, d);
@@ -215,17 +348,31 @@ mod tests {
     fn both_kinds_of_lines_parse() {
         let d = r#"{"member":1,"view":2,"sender":0,"index":3,"seq":9,"len":4,"xxh3":"00000000000000ab"}"#;
         let v = r#"{"member":1,"view":2,"members":[0,1,4]}"#;
-        assert_eq!(parse_line(d).unwrap(), LogLine::Delivery(ventry_with(1, 2, 0, 3, 9)));
+        assert_eq!(parse_any(d).unwrap(), Ok(LogLine::Delivery(ventry_with(1, 2, 0, 3, 9))));
         assert_eq!(
-            parse_line(v).unwrap(),
+            parse_any(v).unwrap().unwrap(),
             LogLine::View(ViewEntry {
                 member: 1,
                 view: 2,
                 members: vec![0, 1, 4]
             })
         );
-        assert!(parse_line(r#"{"member":1,"view":2}"#).is_err());
-        assert!(parse_line(r#"{"member":1,"view":2,"members":[0],"sender":0}"#).is_err());
+        assert!(parse_any(r#"{"member":1,"view":2}"#).is_err());
+        assert!(parse_any(r#"{"member":1,"view":2,"members":[0],"sender":0}"#).is_err());
+        let n = r#"{"member":1,"view":2,"sender":0,"null_from":4,"null_to":6}"#;
+        let run = NullRunEntry {
+            member: 1,
+            view: 2,
+            sender: 0,
+            null_from: 4,
+            null_to: 6,
+        };
+        assert_eq!(parse_any(n).unwrap(), Err(run));
+        assert!(parse_any(r#"{"member":1,"view":2,"sender":0,"null_from":6,"null_to":4}"#).is_err());
+        let left = parse_any(r#"{"member":1,"view":2,"left":true}"#).unwrap();
+        assert_eq!(left, Ok(LogLine::Left { member: 1, view: 2 }));
+        assert!(parse_any(r#"{"member":1,"view":2,"left":true,"members":[1]}"#).is_err());
+        assert!(parse_any(r#"{"member":1,"view":2,"sender":0,"index":3,"null_from":4,"null_to":6}"#).is_err());
     }
 
     fn ventry_with(member: usize, view: u64, sender: usize, index: u64, seq: u64) -> LogEntry {
@@ -238,6 +385,45 @@ mod tests {
             len: 4,
             xxh3: "00000000000000ab".into(),
         }
+    }
+
+    #[test]
+    fn index_gaps_accounts_for_every_index_with_the_null_runs() {
+        let member_lines = |indices: &[u64]| {
+            let mut lines = MemberLines::new();
+            lines.insert(
+                0,
+                indices
+                    .iter()
+                    .map(|i| LogLine::Delivery(ventry_with(0, 1, 2, *i, *i)))
+                    .collect(),
+            );
+            lines
+        };
+        let nulls = |runs: &[(u64, u64)]| {
+            let mut all = NullRuns::new();
+            all.insert(
+                0,
+                runs.iter()
+                    .map(|(f, t)| NullRunEntry {
+                        member: 0,
+                        view: 1,
+                        sender: 2,
+                        null_from: *f,
+                        null_to: *t,
+                    })
+                    .collect(),
+            );
+            all
+        };
+        assert_eq!(index_gaps(&member_lines(&[0, 1, 5]), &nulls(&[(2, 4)])), Ok(()));
+        assert_eq!(index_gaps(&member_lines(&[0, 1, 2]), &nulls(&[])), Ok(()));
+        let gap = index_gaps(&member_lines(&[0, 1, 5]), &nulls(&[(2, 3)])).unwrap_err();
+        assert!(gap.contains("no gaps") && gap.contains("4..5"), "{gap}");
+        let dup = index_gaps(&member_lines(&[0, 1, 3]), &nulls(&[(2, 3)])).unwrap_err();
+        assert!(dup.contains("no duplication"), "{dup}");
+        let late = index_gaps(&member_lines(&[1]), &nulls(&[])).unwrap_err();
+        assert!(late.contains("0..1"), "{late}");
     }
 
     #[test]

@@ -56,7 +56,8 @@ pub mod virtual_synchrony;
 
 pub use checker::{Checker, Delivered, Event, Installed, Scope};
 pub use log::{
-    interleave, read_all, read_lines, read_logs, split_lines, LogEntry, LogLine, Logs, MemberLines, ViewEntry, ViewLogs,
+    index_gaps, interleave, read_all, read_lines, read_lines_and_nulls, read_logs, split_lines, LogEntry, LogLine,
+    Logs, MemberLines, NullRunEntry, NullRuns, ViewEntry, ViewLogs,
 };
 pub use replay::{check_all, check_all_views, check_lines, check_views};
 

@@ -61,6 +61,10 @@ pub(crate) fn feed(checker: &mut Checker, lines: &MemberLines, stop_at_first: bo
                 members: &v.members,
                 senders: None,
             })),
+            LogLine::Left { member, .. } => {
+                checker.on_leave(*member);
+                Ok(())
+            }
             LogLine::Delivery(e) => {
                 let d = Delivered {
                     member,
