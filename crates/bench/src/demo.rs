@@ -66,6 +66,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         idle: "backoff".into(),
         size: args.size,
         count: args.count,
+        seconds: 0,
         rate: 0,
         sample_every: (args.count / 50_000).max(1),
         self_check: true,

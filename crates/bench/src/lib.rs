@@ -44,6 +44,14 @@ use std::path::PathBuf;
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
     /// Atomic multicast: one process per member on shared memory.
+    ///
+    /// A member that dies or fails fails the run: the bench reports that
+    /// member's error and output, gives the others 0.5 s to stop by
+    /// themselves, then kills them (a measurement with a member missing
+    /// is not the measurement asked for; the survivors of a group would go
+    /// on in a new view, which `spindle bench failover` and `spindle run`
+    /// show). Every file the members made is removed either way.
+    #[command(verbatim_doc_comment)]
     Multicast(multicast::MulticastArgs),
     /// One-sided vs RPC object replication (RAMCloud): write latency.
     Replica(replica::ReplicaArgs),

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,8 +38,13 @@ pub struct MemberSpec {
     pub idle: String,
     /// Payload bytes per message.
     pub size: usize,
-    /// Messages per sender.
+    /// Messages per sender (0: no count; the run lasts `seconds`, or
+    /// until stopped).
     pub count: u64,
+    /// With no count: each sender sends for this long, then ends its
+    /// stream (0: until stopped by a signal).
+    #[serde(default)]
+    pub seconds: u64,
     /// Offered rate per sender, messages/s (0: as fast as the window allows).
     pub rate: u64,
     /// Timestamp every n-th message of each sender.
@@ -196,15 +202,115 @@ struct Tally {
     digest: u64,
     log: Option<DeliveryLog>,
     log_error: Option<String>,
+    /// Data messages delivered from each sender rank, across views.
+    delivered_by_rank: [u64; spindle_fabric::MEMBERS_MAX],
+    /// Sender ranks whose end marker was delivered (runs without a count).
+    ended_ranks: u64,
+}
+
+/// The counter field of a sender's last message in a run without a count
+/// (`--seconds`, or a service stopped by a signal): it says "nothing
+/// follows from me". Not counted as a delivery, not in the checksums.
+pub const END_MARKER_COUNTER: u64 = u64::MAX;
+
+/// Whether a run is over for this member (see [`drive`]).
+fn run_complete<F: Fabric>(group: &Group<F>, spec: &MemberSpec, tally: &Tally) -> bool {
+    let view = group.core();
+    view.sender_ranks().iter().all(|&r| {
+        if spec.count > 0 {
+            tally.delivered_by_rank[r] >= spec.count
+        } else {
+            tally.ended_ranks & (1 << r) != 0
+        }
+    })
+}
+
+/// The member's upcalls: deliveries (checked and counted), nulls and view
+/// installations (into the delivery log).
+struct Deliverer<'a> {
+    tally: &'a mut Tally,
+    rank: usize,
+    self_check: bool,
+    views_logged: u64,
+}
+
+impl spindle_group::Upcalls for Deliverer<'_> {
+    #[inline]
+    fn deliver(&mut self, d: &spindle_group::Delivery<'_>) {
+        let tally = &mut *self.tally;
+        if let Some(log) = tally.log.as_mut() {
+            if let Err(e) = log.record(d) {
+                tally.log_error.get_or_insert(e.to_string());
+            }
+        }
+        if d.payload.len() >= payload::PAYLOAD_BYTES_MIN {
+            let (ts, counter) = payload::header(d.payload);
+            if counter == END_MARKER_COUNTER {
+                tally.ended_ranks |= 1 << d.sender_rank;
+                return;
+            }
+            if ts != 0 && tally.samples.len() < tally.samples.capacity() {
+                let ns = monotonic_ns().saturating_sub(ts).min(u32::MAX as u64) as u32;
+                tally.samples.push((d.sender_rank as u32, counter, ns));
+            }
+        }
+        let sum = if d.sender_rank != self.rank || self.self_check {
+            payload::checksum(d.payload)
+        } else {
+            0
+        };
+        tally.checksums[d.sender_index] = tally.checksums[d.sender_index].wrapping_add(sum);
+        tally.delivered_msgs += 1;
+        tally.delivered_bytes += d.payload.len() as u64;
+        tally.delivered_by_rank[d.sender_rank] += 1;
+        tally.digest = (tally.digest ^ ((d.sender_rank as u64) << 56 ^ d.index ^ (d.payload.len() as u64) << 40))
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+
+    fn null_passed(&mut self, view: u64, sender_rank: usize, index: u64) {
+        if let Some(log) = self.tally.log.as_mut() {
+            if let Err(e) = log.record_null(view, sender_rank, index) {
+                self.tally.log_error.get_or_insert(e.to_string());
+            }
+        }
+    }
+
+    fn view_installed(&mut self, view: &spindle_group::View) {
+        if self.views_logged > 0 {
+            eprintln!(
+                "member {}: view {} installed: members {:?}",
+                self.rank, view.id, view.members
+            );
+        }
+        self.views_logged += 1;
+        if let Some(log) = self.tally.log.as_mut() {
+            // Every view change is on disk before the view's first delivery.
+            if let Err(e) = log.record_view(view.id, &view.members).and_then(|()| log.flush()) {
+                self.tally.log_error.get_or_insert(e.to_string());
+            }
+        }
+    }
 }
 
 pub fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
+    run_member_until(spec, rank, &AtomicBool::new(false))
+}
+
+/// [`run_member`] that also ends when `stop` is set (a signal): it stops
+/// sending, leaves the group (the others install a view without it at
+/// once) and writes its results.
+pub fn run_member_until(spec: &MemberSpec, rank: usize, stop: &AtomicBool) -> Result<(), String> {
     let config = spec.group_config()?;
     if spec.pin {
         pin_to_cpu(rank)?;
     }
     let senders = spec.senders.len() as u64;
-    let samples_max = (spec.count / spec.sample_every.max(1) + 1) * senders;
+    let samples_max = if spec.count > 0 {
+        (spec.count / spec.sample_every.max(1) + 1) * senders
+    } else {
+        SAMPLES_MAX_UNBOUNDED
+    };
     let log = match &spec.delivery_log {
         Some(dir) => {
             Some(DeliveryLog::create(dir, rank).map_err(|e| format!("delivery log in {}: {e}", dir.display()))?)
@@ -219,11 +325,13 @@ pub fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
         digest: 0,
         log,
         log_error: None,
+        delivered_by_rank: [0; spindle_fabric::MEMBERS_MAX],
+        ended_ranks: 0,
     };
     match spec.transport.as_str() {
         "" | "shm" => {
             let group = Group::join_shm(config, rank).map_err(|e| e.to_string())?;
-            drive(group, spec, rank, tally)
+            drive(group, spec, rank, tally, stop)
         }
         "tcp" => {
             // The one recipe for a tcp group's options (row layout, send
@@ -233,22 +341,52 @@ pub fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             let fabric = TcpFabric::open(&options, rank).map_err(|e| e.to_string())?;
             let group = Group::join(Arc::new(fabric), config).map_err(|e| e.to_string())?;
-            drive(group, spec, rank, tally)
+            drive(group, spec, rank, tally, stop)
         }
         other => Err(format!("unknown transport '{other}': expected shm or tcp")),
     }
 }
 
+/// Latency samples kept by a run without a count (the first ones).
+const SAMPLES_MAX_UNBOUNDED: u64 = 1 << 20;
+
+/// How long a member stopped by a signal waits for the others to install
+/// a view without it.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Send this member's share and deliver everything, then write the results.
-fn drive<F: Fabric>(mut group: Group<F>, spec: &MemberSpec, rank: usize, mut tally: Tally) -> Result<(), String> {
-    let senders = spec.senders.len() as u64;
-    let total = spec.count * senders;
+///
+/// When it ends:
+/// - with a count: once every sender of the *current* view has had
+///   `count` messages delivered here. A sender removed by a view change
+///   is not waited for (its messages up to the ragged edge were delivered
+///   before the view was installed); a sender that stays gets every one
+///   of its messages delivered (what a ragged edge trimmed, it publishes
+///   again in the next view);
+/// - without a count (`seconds`, or none: until stopped): each sender
+///   ends its stream with an end marker when its time is up, and the run
+///   is over once every current sender's marker was delivered;
+/// - when `stop` is set: at once, by leaving the group.
+fn drive<F: Fabric>(
+    mut group: Group<F>,
+    spec: &MemberSpec,
+    rank: usize,
+    mut tally: Tally,
+    stop: &AtomicBool,
+) -> Result<(), String> {
     let sender = group.sender();
     let interval_ns = 1_000_000_000u64.checked_div(spec.rate).unwrap_or(0);
     let t0 = monotonic_ns();
+    let deadline_ns = if spec.seconds > 0 {
+        t0 + spec.seconds * 1_000_000_000
+    } else {
+        u64::MAX
+    };
     let mut next_send_ns = t0;
     let mut t_last = t0;
     let mut sent = 0u64;
+    // Runs without a count end their stream with a marker.
+    let mut end_marker_sent = spec.count > 0;
     // Sender bursts are sized in bytes so that the member's own delivery
     // of a burst still finds it in its L2 cache.
     let burst_bytes = if spec.burst_bytes > 0 {
@@ -257,78 +395,61 @@ fn drive<F: Fabric>(mut group: Group<F>, spec: &MemberSpec, rank: usize, mut tal
         BURST_BYTES
     };
     let burst_msgs = (burst_bytes / spec.size.max(1)).clamp(1, 64) as u64;
-    let self_check = spec.self_check;
     let mut sent_checksum = 0u64;
-    // The delivery log has a line per installed view, written before the
-    // view's first delivery (or at the end if it had none).
-    let pending_view = std::cell::RefCell::new(Some((group.core().view(), group.core().members().to_vec())));
-    let mut current_view = group.core().view();
-    let mut deliver = |d: &spindle_group::Delivery<'_>| {
-        if let Some(log) = tally.log.as_mut() {
-            if let Some((view, members)) = pending_view.borrow_mut().take() {
-                if let Err(e) = log.record_view(view, &members) {
-                    tally.log_error.get_or_insert(e.to_string());
-                }
-            }
-        }
-        let sum = if d.sender_rank != rank || self_check {
-            payload::checksum(d.payload)
-        } else {
-            0
-        };
-        tally.checksums[d.sender_index] = tally.checksums[d.sender_index].wrapping_add(sum);
-        tally.delivered_msgs += 1;
-        tally.delivered_bytes += d.payload.len() as u64;
-        if d.payload.len() >= payload::PAYLOAD_BYTES_MIN {
-            let (ts, counter) = payload::header(d.payload);
-            if ts != 0 && tally.samples.len() < tally.samples.capacity() {
-                let ns = monotonic_ns().saturating_sub(ts).min(u32::MAX as u64) as u32;
-                tally.samples.push((d.sender_rank as u32, counter, ns));
-            }
-        }
-        tally.digest = (tally.digest ^ ((d.sender_rank as u64) << 56 ^ d.index ^ (d.payload.len() as u64) << 40))
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .rotate_left(29);
-        if let Some(log) = tally.log.as_mut() {
-            if let Err(e) = log.record(d) {
-                tally.log_error.get_or_insert(e.to_string());
-            }
-        }
+    let mut deliverer = Deliverer {
+        tally: &mut tally,
+        rank,
+        self_check: spec.self_check,
+        views_logged: 0,
     };
     // On tcp a rate-limited sender waiting for its next send time parks on
     // the doorbell until then (a peer's progress wakes it at once); on shm
     // it keeps polling (counted as work) so the idle strategy never parks
     // past it. A member told to spin (`--idle spin`) never parks.
     let park_until_send = spec.transport == "tcp" && group.config().idle != IdleStrategy::BusySpin;
+    let mut stopped = false;
     loop {
+        if stop.load(Ordering::Relaxed) {
+            stopped = true;
+            break;
+        }
         let mut app_work = 0u32;
         let mut wait_ns = 0u64;
-        if let Some(s) = &sender {
-            if sent < spec.count {
-                let now = if interval_ns > 0 { monotonic_ns() } else { 0 };
-                if interval_ns == 0 || now >= next_send_ns {
-                    let burst = if interval_ns > 0 { 1 } else { burst_msgs };
-                    let n = send_burst(s, spec, sent, burst, &mut sent_checksum)?;
-                    sent += n;
-                    app_work += n as u32;
-                    if interval_ns > 0 {
-                        next_send_ns += interval_ns;
-                    }
-                } else if park_until_send {
-                    wait_ns = next_send_ns - now;
-                } else {
-                    app_work += 1;
+        // Whether this member's stream is still open: messages left to
+        // send, or (no count) the end marker not sent yet.
+        let sending = if spec.count > 0 {
+            sent < spec.count
+        } else {
+            !end_marker_sent
+        };
+        if let (Some(s), true) = (&sender, sending) {
+            let now = if interval_ns > 0 || spec.count == 0 {
+                monotonic_ns()
+            } else {
+                0
+            };
+            if spec.count == 0 && now >= deadline_ns {
+                end_marker_sent = send_end_marker(s, spec)?;
+                app_work += 1;
+            } else if interval_ns == 0 || now >= next_send_ns {
+                let burst = if interval_ns > 0 { 1 } else { burst_msgs };
+                let n = send_burst(s, spec, sent, burst, &mut sent_checksum)?;
+                sent += n;
+                app_work += n as u32;
+                if interval_ns > 0 {
+                    next_send_ns += interval_ns;
                 }
+            } else if park_until_send {
+                wait_ns = (next_send_ns - now).min(deadline_ns.saturating_sub(now));
+            } else {
+                app_work += 1;
             }
+        } else if sender.is_none() && spec.count == 0 && !end_marker_sent && monotonic_ns() >= deadline_ns {
+            // A member that does not send has no stream to end.
+            end_marker_sent = true;
         }
         let before = group.core().counters().values[spindle_group::counters::DELIVERED_MSGS];
-        let work = group.poll(&mut deliver).map_err(|e| e.to_string())?;
-        if group.core().view() != current_view {
-            current_view = group.core().view();
-            let members = group.core().members().to_vec();
-            eprintln!("member {rank}: view {current_view} installed: members {members:?}");
-            *pending_view.borrow_mut() = Some((current_view, members));
-        }
+        let work = group.poll(&mut deliverer).map_err(|e| e.to_string())?;
         if wait_ns > 0 && work == 0 {
             let bell = group.core().fabric().doorbell();
             let ticket = bell.prepare_park();
@@ -344,25 +465,47 @@ fn drive<F: Fabric>(mut group: Group<F>, spec: &MemberSpec, rank: usize, mut tal
         if after != before {
             t_last = monotonic_ns();
         }
-        if after >= total && sent >= if sender.is_some() { spec.count } else { 0 } {
+        if let Some(log) = deliverer.tally.log.as_mut() {
+            // A crash loses at most the last FLUSH_INTERVAL_NS of the log.
+            if let Err(e) = log.flush_if_due(monotonic_ns()) {
+                deliverer.tally.log_error.get_or_insert(e.to_string());
+            }
+        }
+        let own_stream_done = end_marker_sent && (spec.count == 0 || sent >= spec.count || sender.is_none());
+        if own_stream_done && run_complete(&group, spec, deliverer.tally) {
             break;
         }
     }
-    group
-        .finish_together(&mut |_: &spindle_group::Delivery<'_>| {}, Duration::from_secs(60))
-        .map_err(|e| e.to_string())?;
+    // Alone in the view, there is nobody to tell.
+    if stopped && group.config().membership && group.view().members.len() > 1 {
+        // Leave: the others install a view without this member at once
+        // (no suspicion timeout), and deliver what it sent up to the edge.
+        let view = group.view().id;
+        group.leave(&mut deliverer, LEAVE_TIMEOUT).map_err(|e| e.to_string())?;
+        if let Some(log) = deliverer.tally.log.as_mut() {
+            if let Err(e) = log.record_left(view) {
+                deliverer.tally.log_error.get_or_insert(e.to_string());
+            }
+        }
+    } else if !stopped {
+        group
+            .finish_together(&mut deliverer, Duration::from_secs(60))
+            .map_err(|e| e.to_string())?;
+    }
     let counters: BTreeMap<String, u64> = COUNTER_NAMES
         .iter()
         .zip(group.core().counters().values.iter())
         .map(|(n, v)| (n.to_string(), *v))
         .collect();
+    let current = group.view();
+    let views_logged = deliverer.views_logged;
     drop(group);
-    if let Some(e) = tally.log_error {
+    if let Some(e) = tally.log_error.take() {
         return Err(format!("writing the delivery log: {e}"));
     }
     if let Some(log) = tally.log.as_mut() {
-        if let Some((view, members)) = pending_view.borrow_mut().take() {
-            log.record_view(view, &members)
+        if views_logged == 0 {
+            log.record_view(current.id, &current.members)
                 .map_err(|e| format!("write the delivery log: {e}"))?;
         }
         log.flush().map_err(|e| format!("flush delivery log: {e}"))?;
@@ -380,13 +523,27 @@ fn drive<F: Fabric>(mut group: Group<F>, spec: &MemberSpec, rank: usize, mut tal
             .iter()
             .copied()
             .zip(tally.checksums.iter().copied())
-            .filter(|(s, _)| *s != rank || self_check)
+            .filter(|(s, _)| *s != rank || spec.self_check)
             .collect(),
         sent_checksum,
         sequence_digest: format!("{:016x}", tally.digest),
         counters,
     };
     write_results(spec, rank, &result, &tally.samples)
+}
+
+/// Commit this sender's end marker; returns whether it went (a full
+/// window: not yet).
+fn send_end_marker<F: Fabric>(s: &spindle_group::Sender<F>, spec: &MemberSpec) -> Result<bool, String> {
+    match s.reserve(spec.size) {
+        Ok(mut slot) => {
+            payload::fill(slot.payload_mut(), 0, END_MARKER_COUNTER);
+            slot.commit();
+            Ok(true)
+        }
+        Err(SendError::WouldBlock) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Send up to `burst` messages; returns how many were committed.
@@ -399,7 +556,7 @@ fn send_burst<F: Fabric>(
     sent_checksum: &mut u64,
 ) -> Result<u64, String> {
     let mut n = 0;
-    while n < burst && sent + n < spec.count {
+    while n < burst && (spec.count == 0 || sent + n < spec.count) {
         let counter = sent + n;
         match s.reserve(spec.size) {
             Ok(mut slot) => {

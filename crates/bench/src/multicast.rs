@@ -228,6 +228,7 @@ pub fn measure_with_tcp(
         idle: args.idle_name(),
         size: args.size,
         count: args.count,
+        seconds: 0,
         rate: args.rate,
         sample_every: if args.rate > 0 {
             1

@@ -2,11 +2,25 @@
 //! group described by a configuration file (docs/config.md). It joins the
 //! group, multicasts its share of a workload (every byte written),
 //! delivers everything (every byte read), leaves cleanly when every member
-//! is done, and prints what it measured. Any member failing (a peer gone,
-//! a wrong key, an unreachable address) stops it with a clear error and a
-//! non-zero exit.
+//! is done, and prints what it measured. Any member failing (a wrong key,
+//! an unreachable address, a minority partition) stops it with a clear
+//! error and a non-zero exit; a peer that dies or hangs is removed by a
+//! view change and the others finish without it.
+//!
+//! Lifecycle:
+//! - `--count N` (default 1000): done when every sender still in the
+//!   view has had its N messages delivered here (a removed sender's up to
+//!   its ragged edge);
+//! - `--seconds N`: each sender sends for N seconds, then ends its
+//!   stream; `--service`: sends until stopped;
+//! - SIGTERM or SIGINT: the member stops sending, **leaves** the group
+//!   (the others install a view without it at once), flushes its delivery
+//!   log, removes its files and exits 0. A second signal exits at once
+//!   (status 128 + the signal), still removing its files.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use clap::Args;
 
@@ -23,9 +37,17 @@ pub struct RunArgs {
     /// This member's id in the configuration.
     #[arg(long)]
     pub member: usize,
-    /// Messages each sender multicasts.
-    #[arg(long, default_value_t = 1000)]
+    /// Messages each sender multicasts (the run ends when every sender
+    /// still in the group has had them delivered everywhere).
+    #[arg(long, default_value_t = 1000, conflicts_with_all = ["seconds", "service"])]
     pub count: u64,
+    /// Send for this many seconds instead of a count, then end together.
+    #[arg(long, conflicts_with = "service")]
+    pub seconds: Option<u64>,
+    /// Run as a service: send until stopped by SIGTERM or SIGINT (then
+    /// leave the group cleanly).
+    #[arg(long)]
+    pub service: bool,
     /// Payload bytes per message (16..=the slot size).
     #[arg(long, default_value_t = 1024)]
     pub size: usize,
@@ -73,7 +95,31 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         }
         _ => None,
     };
+    if args.seconds == Some(0) {
+        return Err("--seconds must be at least 1".into());
+    }
+    remove_stale_run_dirs();
     let result_dir = spindle_bench::tempdir("run")?;
+    let mut own_files = vec![result_dir.clone()];
+    if file.transport == "tcp" {
+        own_files.push(spindle_fabric::tcp::stat::stat_file_path(
+            Path::new("/dev/shm"),
+            &file.name,
+            rank,
+        ));
+    }
+    let stop = match on_signals(own_files) {
+        Ok(stop) => stop,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&result_dir);
+            return Err(e);
+        }
+    };
+    let count = if args.seconds.is_some() || args.service {
+        0
+    } else {
+        args.count
+    };
     let spec = MemberSpec {
         group: file.name.clone(),
         members: file.members.len(),
@@ -84,12 +130,13 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         batching: file.batching,
         idle: file.idle.clone(),
         size: args.size,
-        count: args.count,
+        count,
+        seconds: args.seconds.unwrap_or(0),
         rate: args.rate,
-        sample_every: if args.rate > 0 {
+        sample_every: if args.rate > 0 || count == 0 {
             1
         } else {
-            (args.count / 100_000).max(1)
+            (count / 100_000).max(1)
         },
         self_check: false,
         pin: false,
@@ -107,11 +154,20 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         tls,
         burst_bytes: spindle_bench::member::BURST_BYTES,
     };
+    let share = match (count, args.seconds) {
+        (0, Some(s)) => format!("{s} s"),
+        (0, None) => "until stopped".to_string(),
+        (n, _) => format!("{n}"),
+    };
     println!(
-        "spindle run: member {rank} of group '{}' ({} members over {}, {} delivery), {} × {} B per sender",
-        spec.group, spec.members, spec.transport, spec.mode, spec.count, spec.size
+        "spindle run: member {rank} of group '{}' ({} members over {}, {} delivery), {share} × {} B per sender",
+        spec.group, spec.members, spec.transport, spec.mode, spec.size
     );
-    let outcome = spindle_bench::member::run_member(&spec, rank).map_err(|e| format!("member {rank}: {e}"));
+    let outcome =
+        spindle_bench::member::run_member_until(&spec, rank, &stop).map_err(|e| format!("member {rank}: {e}"));
+    if stop.load(Ordering::Relaxed) {
+        println!("member {rank}: stopped by a signal: left the group");
+    }
     let result = outcome.and_then(|()| {
         let path = MemberSpec::result_path(&result_dir, rank);
         let text = std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
@@ -167,4 +223,58 @@ fn latencies(dir: &std::path::Path, rank: usize) -> Result<(Percentiles, Percent
         }
     }
     Ok((Percentiles::from_histogram(&own), Percentiles::from_histogram(&all)))
+}
+
+/// Install the SIGTERM/SIGINT handling of a member: the first signal sets
+/// the returned flag (the member leaves the group and exits 0); a second
+/// one removes `own_files` (this member's stat file and result folder)
+/// and exits at once with status 128 + the signal.
+fn on_signals(own_files: Vec<PathBuf>) -> Result<Arc<AtomicBool>, String> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(|e| format!("install signal handlers: {e}"))?;
+    let flag = Arc::clone(&stop);
+    std::thread::Builder::new()
+        .name("spindle-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if !flag.swap(true, Ordering::Relaxed) {
+                    eprintln!("spindle run: signal {signal}: leaving the group (a second signal exits at once)");
+                    continue;
+                }
+                for path in &own_files {
+                    let _ = std::fs::remove_dir_all(path).or_else(|_| std::fs::remove_file(path));
+                }
+                eprintln!("spindle run: second signal {signal}: exiting now");
+                std::process::exit(128 + signal);
+            }
+        })
+        .map_err(|e| format!("start the signal thread: {e}"))?;
+    Ok(stop)
+}
+
+/// Remove result folders (`spindle-run-<pid>-…` in the temporary
+/// directory) left by members that died without cleaning up: their
+/// process is gone.
+fn remove_stale_run_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("spindle-run-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        let alive =
+            unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
