@@ -12,10 +12,12 @@
 //! - At `open`, member `r` dials the lower ranks it waits for and accepts
 //!   the higher ones (see `connect`).
 //! - After `open`, this thread, once per member:
-//!   - keeps accepting on the listening socket (non-blocking, polled with
-//!     a short timeout) from any higher rank whose connection is not
-//!     [`PeerStatus::Connected`] (a higher rank still connected is
-//!     refused as *busy*, and its dialer tries again);
+//!   - keeps accepting on the listening socket from any higher rank
+//!     whose connection is not [`PeerStatus::Connected`] (a higher rank
+//!     still connected is refused as *busy*, and its dialer tries again),
+//!     every accepted connection handshaked concurrently with the others
+//!     by the [`Acceptor`] that `open` started (strangers never delay a
+//!     member's handshake);
 //!   - dials every lower rank that is not connected, with a backoff of
 //!     [`REDIAL_MIN`] doubling to [`REDIAL_MAX`] per rank.
 //!
@@ -34,14 +36,13 @@
 //! the members already running reach it only as they push again (the
 //! layer above re-pushes what a joiner needs).
 
-use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::accept::Acceptor;
 use super::connect::{handshake_io, tune};
-use super::handshake::{ExpectRank, Hello};
+use super::handshake::Hello;
 use super::tls::{Session, TlsContext};
 use super::{recv, FabricError, Inner, PeerStatus, TcpOptions};
 use std::sync::Arc;
@@ -54,22 +55,22 @@ pub const REDIAL_MAX: Duration = Duration::from_millis(500);
 const DIAL_TIMEOUT: Duration = Duration::from_millis(300);
 /// How long one `poll` of the listener waits at most (the stop flag is
 /// looked at between polls).
-const POLL_MS_MAX: i32 = 50;
-/// Connections accepted per wake-up, at most.
-const ACCEPTS_PER_PASS_MAX: usize = 8;
+const POLL_MS_MAX: u64 = 50;
 
 /// What the link thread owns.
 pub struct Link {
     rank: usize,
     addresses: Vec<SocketAddr>,
     key: Vec<u8>,
-    check_source_addr: bool,
+    handshake_timeout: Duration,
     peer_timeout: Duration,
     send_stall_max: Duration,
     row_len_bytes: usize,
     listener: TcpListener,
     hello: Hello,
     tls: Option<Arc<TlsContext>>,
+    /// Accepted connections in handshake (carried over from `open`).
+    acceptor: Acceptor,
     /// By lower rank: when to dial next, and the current backoff.
     next_dial: Vec<(Instant, Duration)>,
 }
@@ -81,6 +82,7 @@ impl Link {
         listener: TcpListener,
         hello: Hello,
         tls: Option<Arc<TlsContext>>,
+        acceptor: Acceptor,
     ) -> Result<Link, FabricError> {
         listener
             .set_nonblocking(true)
@@ -90,13 +92,14 @@ impl Link {
             rank,
             addresses: options.addresses.clone(),
             key: options.key.clone(),
-            check_source_addr: options.check_source_addr,
+            handshake_timeout: options.handshake_timeout,
             peer_timeout: options.peer_timeout,
             send_stall_max: options.send_stall_max,
             row_len_bytes: hello.row_len_bytes as usize,
             listener,
             hello,
             tls,
+            acceptor,
             next_dial: (0..rank).map(|_| (now, REDIAL_MIN)).collect(),
         })
     }
@@ -106,7 +109,7 @@ impl Link {
         // Partner: the Release store of `link_stop` in TcpFabric::drop.
         while !inner.link_stop.load(Ordering::Acquire) {
             let now = Instant::now();
-            let mut wait = Duration::from_millis(POLL_MS_MAX as u64);
+            let mut wait = Duration::from_millis(POLL_MS_MAX);
             for peer in 0..self.rank {
                 if inner.status(peer) == PeerStatus::Connected {
                     self.next_dial[peer] = (now, REDIAL_MIN);
@@ -120,62 +123,25 @@ impl Link {
                 }
                 wait = wait.min(self.next_dial[peer].0.saturating_duration_since(Instant::now()));
             }
-            if self.poll_listener(wait) {
-                self.accept(inner);
-            }
+            self.accept(inner, wait);
         }
     }
 
-    /// Wait up to `wait` for a connection on the listener.
-    fn poll_listener(&self, wait: Duration) -> bool {
-        let mut fd = libc::pollfd {
-            fd: self.listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = wait.as_millis().clamp(1, POLL_MS_MAX as u128) as i32;
-        // SAFETY: one initialized pollfd, alive across the call; the kernel
-        // writes only `revents`.
-        let rc = unsafe { libc::poll(&mut fd, 1, ms) };
-        rc > 0 && fd.revents != 0
-    }
-
-    /// Accept what is waiting (bounded), handshake, install.
-    fn accept(&self, inner: &Inner) {
-        for _ in 0..ACCEPTS_PER_PASS_MAX {
-            let (stream, from) = match self.listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    note(inner, format!("member {}: accept: {e}", self.rank));
-                    return;
-                }
-            };
-            if let Err(e) = stream.set_nonblocking(false) {
-                note(inner, format!("accepted socket from {from}: {e}"));
+    /// One pass of the acceptor (waiting up to `wait`); install the
+    /// members whose handshake completed.
+    fn accept(&mut self, inner: &Inner, wait: Duration) {
+        let connected = (0..inner.status.len())
+            .filter(|r| *r != self.rank && inner.status(*r) == PeerStatus::Connected)
+            .fold(0u64, |m, r| m | 1u64 << r);
+        let stat = inner.rows.stat().map(|s| s.header());
+        for a in self.acceptor.pass(&self.listener, connected, wait, stat) {
+            if inner.status(a.peer) == PeerStatus::Connected {
+                // Completed alongside another connection of its rank.
+                self.acceptor
+                    .refuse_completed(a, "a second connection of a member already connected", stat);
                 continue;
             }
-            let busy = (0..inner.status.len())
-                .filter(|r| *r != self.rank && inner.status(*r) == PeerStatus::Connected)
-                .fold(0u64, |m, r| m | 1u64 << r);
-            let source = self.check_source_addr.then_some((from, self.addresses.as_slice()));
-            let expect = ExpectRank::AboveFree {
-                rank: self.rank as u32,
-                busy,
-            };
-            match handshake_io(
-                &stream,
-                &self.key,
-                &self.hello,
-                expect,
-                source,
-                self.tls.as_deref().map(|t| (t, None)),
-                &format!("connecting from {from}"),
-            ) {
-                Ok((peer, session)) => self.install(inner, peer, stream, session),
-                Err((e, _)) => note(inner, e.to_string()),
-            }
+            self.install(inner, a.peer, a.stream, a.session);
         }
     }
 
@@ -193,9 +159,9 @@ impl Link {
             &stream,
             &self.key,
             &self.hello,
-            ExpectRank::Exactly(peer as u32),
-            None,
-            self.tls.as_deref().map(|t| (t, Some(addr.ip()))),
+            peer,
+            self.handshake_timeout,
+            self.tls.as_deref().map(|t| (t, addr.ip())),
             &format!("member {peer} at {addr}"),
         ) {
             Ok((_, session)) => {
