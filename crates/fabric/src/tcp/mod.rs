@@ -25,6 +25,13 @@
 //!   on the group name and layout before any group data flows; the
 //!   listener also checks the source address against the claimed rank's
 //!   configured address ([`TcpOptions::check_source_addr`]).
+//! - **Strangers** (module `accept`): the listener handshakes every accepted
+//!   connection concurrently, each on its own deadline
+//!   ([`TcpOptions::handshake_timeout`]), in a set bounded in total and
+//!   per source address; a connection that fails (random bytes, an HTTP
+//!   request, a silent or closed connection, a wrong key) is closed and
+//!   counted ([`TcpFabric::handshake_stats`], `spindle stat`) and never
+//!   fails `open` or the running member.
 //! - **Threads**: the caller's thread pushes: one `sendmsg` per push and
 //!   peer (headers and row bytes gathered without a copy), or, with
 //!   [`TcpOptions::coalesce`], one per progress pass (small pushes copied
