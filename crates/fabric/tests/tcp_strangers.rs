@@ -100,9 +100,7 @@ fn random_bytes_do_not_fail_the_forming_group() {
 fn an_http_get_does_not_fail_the_forming_group() {
     form_despite("strangers-http", |addr| {
         let mut s = connect(addr);
-        let get = format!(
-            "GET / HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: curl/8.5.0\r\nAccept: */*\r\nAccept-Language: en\r\nConnection: keep-alive\r\n\r\n"
-        );
+        let get = http_get(addr);
         s.write_all(get.as_bytes()).expect("send an HTTP GET");
         Some(s)
     });
@@ -126,10 +124,7 @@ fn silent_connections_held_past_the_handshake_timeout_do_not_fail_the_forming_gr
         // Member 0 is waiting; its stat file shows the silent connections
         // fail one by one on their deadline.
         wait_until("member 0's stat file to count 3 timed-out handshakes", || {
-            StatReader::list(stat_dir.path(), Some("strangers-silent"))
-                .ok()
-                .and_then(|rs| rs.into_iter().find(|r| r.rank() == 0))
-                .is_some_and(|r| r.handshakes().0 >= 3)
+            stat_handshakes(stat_dir.path(), "strangers-silent", 0).is_some_and(|(failed, _)| failed >= 3)
         });
         let others = open_together(&mut ls, 1..3, |_| o);
         let f0 = first
@@ -142,6 +137,41 @@ fn silent_connections_held_past_the_handshake_timeout_do_not_fail_the_forming_gr
         assert!(fs.iter().all(|f| f.joined() == PeerSet(0b111)));
     });
     drop(held);
+}
+
+/// One stranger of each kind at `addr`: a connect-then-close, 128 random
+/// bytes, an HTTP GET; the ones still open are returned (to be held).
+fn one_of_each(addr: SocketAddr) -> Vec<TcpStream> {
+    drop(connect(addr));
+    let mut random = connect(addr);
+    random.write_all(&noise()).expect("send 128 random bytes");
+    let mut http = connect(addr);
+    http.write_all(http_get(addr).as_bytes()).expect("send an HTTP GET");
+    vec![random, http]
+}
+
+/// 128 bytes of noise (a fixed multiplicative hash: the test is repeatable).
+fn noise() -> Vec<u8> {
+    (0..128u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+/// What a curl-like client sends (longer than a HELLO).
+fn http_get(addr: SocketAddr) -> String {
+    format!(
+        "GET / HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: curl/8.5.0\r\nAccept: */*\r\nAccept-Language: en\r\nConnection: keep-alive\r\n\r\n"
+    )
+}
+
+/// The handshake counters in member `rank`'s stat file in `dir` (while
+/// its `open` has not returned yet).
+fn stat_handshakes(dir: &std::path::Path, group: &str, rank: usize) -> Option<(u64, u64)> {
+    StatReader::list(dir, Some(group))
+        .ok()?
+        .into_iter()
+        .find(|r| r.rank() == rank)
+        .map(|r| r.handshakes())
 }
 
 /// Raise the soft limit on open files to what the flood needs (the
@@ -204,14 +234,17 @@ fn a_restarted_member_rejoins_while_500_silent_connections_are_open() {
 
     let flood = silent_flood(addrs[0], SILENT_FLOOD);
     assert_eq!(flood.len(), SILENT_FLOOD, "every silent connection was made");
-    wait_until("member 0 to accept every silent connection", || {
+    let others = one_of_each(addrs[0]);
+    let strangers = SILENT_FLOOD as u64 + 3;
+    wait_until("member 0 to accept every stranger", || {
         let s = f0.handshake_stats();
-        s.failed + s.pending >= SILENT_FLOOD as u64
+        s.failed + s.pending >= strangers
     });
-    let strangers_pending = f0.handshake_stats().pending;
+    let stats = f0.handshake_stats();
+    assert!(stats.pending > 0, "some strangers are pending when the member restarts");
     assert!(
-        strangers_pending > 0,
-        "some strangers are pending when the member restarts"
+        stats.pending <= o.handshakes_pending_per_source_max as u64,
+        "pending handshakes from one address stay within the per-source bound: {stats:?}"
     );
 
     // A new process takes rank 1 on the same address.
@@ -233,10 +266,97 @@ fn a_restarted_member_rejoins_while_500_silent_connections_are_open() {
     );
 
     // The strangers go away: every one of them is counted as failed.
-    drop(flood);
+    drop((flood, others));
     wait_until("member 0 to count every stranger as a failed handshake", || {
         let s = f0.handshake_stats();
-        s.failed >= SILENT_FLOOD as u64 && s.pending == 0
+        s.failed >= strangers && s.pending == 0
     });
     f0.check_peers().expect("member 0's peers are all connected");
+}
+
+/// 500 silent connections, and one stranger of each other kind, at a
+/// member that waits for its group: the members still connect beside them.
+#[test]
+fn a_group_forms_while_500_silent_connections_are_open() {
+    ensure_open_files(4096);
+    let stat_dir = tempfile::tempdir().expect("a stat directory");
+    let (mut ls, addrs) = listeners(3);
+    let mut o = options("strangers-flood", &addrs);
+    o.handshake_timeout = Duration::from_secs(120);
+    o.stat_dir = Some(stat_dir.path().to_path_buf());
+    let l0 = ls[0].take().expect("listener 0");
+    std::thread::scope(|s| {
+        let o = &o;
+        let first = s.spawn(move || TcpFabric::open_with_listener(o, 0, l0));
+        let flood = silent_flood(addrs[0], SILENT_FLOOD);
+        let others = one_of_each(addrs[0]);
+        let strangers = SILENT_FLOOD as u64 + 3;
+        wait_until("member 0's stat file to show every stranger accepted", || {
+            stat_handshakes(stat_dir.path(), "strangers-flood", 0)
+                .is_some_and(|(failed, pending)| failed + pending >= strangers && pending > 0)
+        });
+        let rest: Vec<TcpFabric> = open_together(&mut ls, 1..3, |_| o)
+            .into_iter()
+            .map(|f| f.expect("members 1 and 2 open beside the flood"))
+            .collect();
+        let f0 = first
+            .join()
+            .expect("member 0's thread")
+            .expect("member 0 opens beside the flood");
+        assert_eq!(f0.joined(), PeerSet(0b111));
+        assert!(rest.iter().all(|f| f.joined() == PeerSet(0b111)));
+        assert!(
+            f0.handshake_stats().pending > 0,
+            "the flood was still pending: {:?}",
+            f0.handshake_stats()
+        );
+        drop((flood, others));
+        wait_until("member 0 to count every stranger", || {
+            let s = f0.handshake_stats();
+            s.failed >= strangers && s.pending == 0
+        });
+    });
+}
+
+/// The total bound: over `handshakes_pending_max`, the oldest pending
+/// handshake is closed (never the newest), so a member that starts late
+/// still gets in beside a flood that fills the set.
+#[test]
+fn over_the_pending_bound_the_oldest_handshake_is_closed_and_a_late_member_gets_in() {
+    const PENDING_MAX: usize = 8;
+    const SILENT: usize = 40;
+    let (mut ls, addrs) = listeners(3);
+    let mut o = options("strangers-bound", &addrs);
+    o.handshake_timeout = Duration::from_secs(120);
+    o.handshakes_pending_max = PENDING_MAX;
+    o.handshakes_pending_per_source_max = PENDING_MAX;
+    o.wait_for = Some(PeerSet(0b011));
+    let mut fs = open_together(&mut ls, 0..2, |_| &o)
+        .into_iter()
+        .map(|f| f.expect("open"));
+    let (f0, f1) = (fs.next().expect("member 0"), fs.next().expect("member 1"));
+    let flood = silent_flood(addrs[0], SILENT);
+    wait_until("member 0 to accept every silent connection", || {
+        let s = f0.handshake_stats();
+        s.failed + s.pending >= SILENT as u64
+    });
+    let stats = f0.handshake_stats();
+    assert_eq!(
+        stats.pending, PENDING_MAX as u64,
+        "the set is full and bounded: {stats:?}"
+    );
+    assert_eq!(
+        stats.failed,
+        (SILENT - PENDING_MAX) as u64,
+        "each closed one counted once: {stats:?}"
+    );
+
+    let mut late = o.clone();
+    late.wait_for = None;
+    let f2 = TcpFabric::open_with_listener(&late, 2, ls[2].take().expect("listener 2")).expect("the late member opens");
+    wait_until("members 0 and 1 to see member 2", || {
+        f0.joined() == PeerSet(0b111) && f1.joined() == PeerSet(0b111)
+    });
+    assert_eq!(f2.joined(), PeerSet(0b111));
+    drop(flood);
 }
