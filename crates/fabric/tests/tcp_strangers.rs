@@ -360,3 +360,36 @@ fn over_the_pending_bound_the_oldest_handshake_is_closed_and_a_late_member_gets_
     assert_eq!(f2.joined(), PeerSet(0b111));
     drop(flood);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+    /// Any bytes, in any chunks, from a connection that then closes: never
+    /// a member, counted exactly once, and the member's peers unchanged.
+    #[test]
+    fn any_bytes_from_a_stranger_are_counted_once_and_never_connect(
+        chunks in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..300), 0..4),
+    ) {
+        use std::sync::OnceLock;
+        static MEMBER: OnceLock<(TcpFabric, SocketAddr)> = OnceLock::new();
+        let (f0, addr) = MEMBER.get_or_init(|| {
+            let (mut ls, addrs) = listeners(2);
+            let mut o = options("strangers-bytes", &addrs);
+            o.wait_for = Some(PeerSet(0));
+            let f = TcpFabric::open_with_listener(&o, 0, ls[0].take().expect("listener 0")).expect("open member 0");
+            (f, addrs[0])
+        });
+        let before = f0.handshake_stats().failed;
+        {
+            let mut s = connect(*addr);
+            for c in &chunks {
+                if s.write_all(c).is_err() {
+                    break; // refused and closed already
+                }
+            }
+        }
+        wait_until("the stranger to be counted", || f0.handshake_stats().failed > before);
+        proptest::prop_assert_eq!(f0.handshake_stats().failed, before + 1);
+        proptest::prop_assert_eq!(f0.joined(), PeerSet(0b01));
+    }
+}
