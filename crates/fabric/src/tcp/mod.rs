@@ -254,6 +254,9 @@ pub struct TcpFabric {
     inner: Arc<Inner>,
     receiver: Option<JoinHandle<()>>,
     linker: Option<JoinHandle<()>>,
+    /// Accepts and handshakes the higher ranks' connections (and
+    /// strangers'), beside the link thread's dials.
+    accepter: Option<JoinHandle<()>>,
     description: String,
 }
 
@@ -412,6 +415,7 @@ impl TcpFabric {
             inner,
             receiver: None,
             linker: None,
+            accepter: None,
             description: format!("tcp:{}#{rank}@{}{stat_note}", options.group, options.addresses[rank]),
         };
         for peer in 0..member_count {
@@ -425,13 +429,20 @@ impl TcpFabric {
                     .spawn(move || recv::run(inner))
                     .map_err(|e| FabricError::io("start the receive thread", e))?,
             );
-            let link = link::Link::new(options, rank, listener, hello, tls_context, acceptor)?;
+            let (link, accepting) = link::Link::new(options, rank, listener, hello, tls_context, acceptor)?;
             let inner = Arc::clone(&fabric.inner);
             fabric.linker = Some(
                 std::thread::Builder::new()
                     .name(format!("spindle-tcp-link-{rank}"))
                     .spawn(move || link.run(&inner))
                     .map_err(|e| FabricError::io("start the link thread", e))?,
+            );
+            let inner = Arc::clone(&fabric.inner);
+            fabric.accepter = Some(
+                std::thread::Builder::new()
+                    .name(format!("spindle-tcp-accept-{rank}"))
+                    .spawn(move || accepting.run(&inner))
+                    .map_err(|e| FabricError::io("start the accept thread", e))?,
             );
         }
         Ok(fabric)
@@ -586,6 +597,9 @@ impl Drop for TcpFabric {
         // `link_stop` in the link loop.
         self.inner.link_stop.store(true, Ordering::Release);
         if let Some(t) = self.linker.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.accepter.take() {
             let _ = t.join();
         }
         self.inner.flush_all();
