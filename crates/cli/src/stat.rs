@@ -173,6 +173,12 @@ fn render_group(out: &mut String, group: &GroupStat) {
     if let Some(why) = &group.unknown_layout {
         out.push_str(&format!("  {why}\n"));
     }
+    if let Some(h) = &group.handshakes {
+        out.push_str(&format!(
+            "  handshakes: {} failed, {} pending\n",
+            h.handshakes_failed, h.handshakes_pending
+        ));
+    }
     let members = &group.members;
     let mut table = Table::new(members.iter().map(|m| format!("member {}", m.rank)));
     table.row("pid", members.iter().map(|m| m.pid.to_string()));
@@ -504,6 +510,7 @@ mod tests {
             group: "g".into(),
             transport: "shm",
             view_of: None,
+            handshakes: None,
             path: "/dev/shm/spindle-g".into(),
             live: true,
             layout: String::new(),

@@ -130,3 +130,44 @@ fn bad_tls_files_are_named() {
         .to_string();
     assert!(e.contains("tls_key"), "{e}");
 }
+
+/// With TLS on, the TLS handshake of every accepted connection runs inside
+/// its own deadline and beside the others: random bytes, an HTTP GET and a
+/// silent connection at a forming member fail alone, counted, and the
+/// members' TLS handshakes complete.
+#[test]
+fn strangers_do_not_disturb_tls_handshakes_while_the_group_forms() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let ca = Ca::new("the group's CA");
+    let (mut ls, addrs) = listeners(3);
+    let mut o = options("tls-strangers", &addrs, ca.member(&ca));
+    o.handshake_timeout = Duration::from_millis(500);
+    o.join_timeout = Duration::from_secs(15);
+    let connect = |a: SocketAddr| TcpStream::connect_timeout(&a, Duration::from_secs(5)).expect("connect");
+    let mut held = Vec::new();
+    for a in &addrs[..2] {
+        let mut random = connect(*a);
+        random
+            .write_all(&[0x16, 0x03, 0x01, 0x00, 0x7b])
+            .expect("a TLS record header");
+        random.write_all(&[0x5a; 123]).expect("then noise");
+        let mut http = connect(*a);
+        http.write_all(b"GET / HTTP/1.1\r\nHost: member\r\n\r\n")
+            .expect("an HTTP GET");
+        held.extend([random, http, connect(*a)]);
+    }
+    let fs: Vec<TcpFabric> = open_together(&mut ls, 0..3, |_| &o)
+        .into_iter()
+        .enumerate()
+        .map(|(r, f)| f.unwrap_or_else(|e| panic!("member {r} failed to open despite the strangers: {e}")))
+        .collect();
+    for f in &fs[..2] {
+        wait_until("the strangers to be counted", || f.handshake_stats().failed >= 3);
+    }
+    publish(&fs[2], 1, 5);
+    wait_until("member 2's push over TLS", || {
+        sees(&fs[0], 2, 1, 5) && sees(&fs[1], 2, 1, 5)
+    });
+    drop(held);
+}

@@ -63,7 +63,7 @@ impl From<String> for ConfigError {
 
 /// Keys of the `[group]` table, with their defaults (as TOML text; `None`:
 /// required or optional without a default).
-pub const GROUP_KEYS: [(&str, Option<&str>); 17] = [
+pub const GROUP_KEYS: [(&str, Option<&str>); 19] = [
     ("name", None),
     ("transport", Some("\"tcp\"")),
     ("mode", Some("\"ordered\"")),
@@ -76,6 +76,8 @@ pub const GROUP_KEYS: [(&str, Option<&str>); 17] = [
     ("idle", Some("\"auto\"")),
     ("batching", Some("true")),
     ("check_source_addr", Some("true")),
+    ("handshake_timeout_ms", Some("5000")),
+    ("handshakes_pending_max", Some("1024")),
     ("tls_cert", None),
     ("tls_key", None),
     ("tls_ca", None),
@@ -142,6 +144,12 @@ pub struct GroupFile {
     /// tcp: refuse a connection whose source address is not the configured
     /// address of the member id it claims (off behind NAT).
     pub check_source_addr: bool,
+    /// `group.handshake_timeout_ms`: tcp: how long one connection's
+    /// handshake may take (a stranger's connection is closed after it).
+    pub handshake_timeout_ms: u64,
+    /// `group.handshakes_pending_max`: tcp: accepted connections in
+    /// handshake at once, at most (over it the oldest is closed).
+    pub handshakes_pending_max: usize,
     /// tcp: TLS with these PEM files (certificate chain, private key, group
     /// CA), all three or none.
     pub tls: Option<TlsFiles>,
@@ -198,6 +206,8 @@ impl GroupFile {
             listen,
             check_source_addr: self.check_source_addr,
             peer_timeout: Duration::from_millis(self.peer_timeout_ms),
+            handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
+            handshakes_pending_max: self.handshakes_pending_max,
         })
     }
 
@@ -269,6 +279,19 @@ impl GroupFile {
                 ))
             }
         };
+        let handshake_timeout_ms = integer(&get("handshake_timeout_ms"), "group.handshake_timeout_ms")? as u64;
+        if !(10..=3_600_000).contains(&handshake_timeout_ms) {
+            return Err(format!(
+                "group.handshake_timeout_ms = {handshake_timeout_ms}: must be in 10..=3600000"
+            ));
+        }
+        let handshakes_pending_max = integer(&get("handshakes_pending_max"), "group.handshakes_pending_max")?;
+        if !(1..=spindle_fabric::tcp::HANDSHAKES_PENDING_MAX).contains(&handshakes_pending_max) {
+            return Err(format!(
+                "group.handshakes_pending_max = {handshakes_pending_max}: must be in 1..={}",
+                spindle_fabric::tcp::HANDSHAKES_PENDING_MAX
+            ));
+        }
         let membership = match get("membership") {
             Some(toml::Value::Boolean(b)) => b,
             other => return Err(format!("group.membership = {}: expected true or false", show(&other))),
@@ -330,6 +353,8 @@ impl GroupFile {
             idle,
             batching,
             check_source_addr,
+            handshake_timeout_ms,
+            handshakes_pending_max,
             tls,
             membership,
             suspect_timeout_ms,

@@ -63,6 +63,12 @@ pub struct GroupStat {
     /// tcp: whose view this is (the member that wrote the file).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub view_of: Option<usize>,
+    /// tcp: the viewing member's listener, `(handshakes_failed,
+    /// handshakes_pending)`: accepted connections that failed the
+    /// handshake since it started (strangers, wrong keys, timeouts), and
+    /// those in handshake now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handshakes: Option<HandshakeStat>,
     /// The file read.
     pub path: String,
     /// Some member holds the file's live lock.
@@ -76,6 +82,15 @@ pub struct GroupStat {
     pub senders: usize,
     /// Every rank of the group.
     pub members: Vec<MemberStat>,
+}
+
+/// A tcp member's handshake counters (see [`GroupStat::handshakes`]).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct HandshakeStat {
+    /// Accepted connections that failed the handshake.
+    pub handshakes_failed: u64,
+    /// Accepted connections in handshake now.
+    pub handshakes_pending: u64,
 }
 
 /// One member's slot in the header and, when the layout is known, its row.
@@ -345,6 +360,11 @@ fn read_tcp_member(file: &StatReader) -> GroupStat {
         .collect();
     let mut stat = GroupStat::new(group, "tcp", &file.path, file.live, file.layout_description(), &layout);
     stat.view_of = Some(me);
+    let (handshakes_failed, handshakes_pending) = file.handshakes();
+    stat.handshakes = Some(HandshakeStat {
+        handshakes_failed,
+        handshakes_pending,
+    });
     stat.members = members;
     stat
 }
@@ -364,6 +384,7 @@ impl GroupStat {
             group,
             transport,
             view_of: None,
+            handshakes: None,
             path: path.display().to_string(),
             live,
             layout: layout_description,

@@ -51,6 +51,10 @@ pub struct TcpTransport {
     pub check_source_addr: bool,
     /// A peer silent for this long is gone.
     pub peer_timeout: Duration,
+    /// How long one connection's handshake may take.
+    pub handshake_timeout: Duration,
+    /// Accepted connections in handshake at once, at most.
+    pub handshakes_pending_max: usize,
 }
 
 impl TcpTransport {
@@ -63,6 +67,8 @@ impl TcpTransport {
             listen: None,
             check_source_addr: true,
             peer_timeout: Duration::from_millis(PEER_TIMEOUT_MS_DEFAULT),
+            handshake_timeout: spindle_fabric::tcp::HANDSHAKE_TIMEOUT_DEFAULT,
+            handshakes_pending_max: spindle_fabric::tcp::HANDSHAKES_PENDING_MAX_DEFAULT,
         }
     }
 }
@@ -205,6 +211,11 @@ pub fn tcp_options(
     options.join_timeout = config.join_timeout;
     options.peer_timeout = tcp.peer_timeout;
     options.check_source_addr = tcp.check_source_addr;
+    options.handshake_timeout = tcp.handshake_timeout;
+    options.handshakes_pending_max = tcp.handshakes_pending_max;
+    options.handshakes_pending_per_source_max = options
+        .handshakes_pending_per_source_max
+        .min(tcp.handshakes_pending_max);
     options.send_stall_max = send_stall_max(config);
     // Coalesce pushes; every progress pass flushes them (`Fabric::flush`).
     options.coalesce = true;

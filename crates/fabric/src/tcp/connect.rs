@@ -3,36 +3,43 @@
 //! meanwhile), handshake. After `open` the link thread ([`super::link`])
 //! makes the connections that are still missing or were lost.
 
+use super::accept::Acceptor;
 use super::*;
 
 /// A connection after its handshake: the socket, and the TLS session
 /// over it when the group uses TLS.
 pub type Conn = (TcpStream, Option<tls::Session>);
 
-/// Connect to every peer that `options` says to wait for; `result[r]`
+/// Connect to every peer that `options` says to wait for; `result.0[r]`
 /// is the connection to member `r` (`None` for this member and for
-/// peers left to the link thread).
+/// peers left to the link thread). The acceptor goes on to the link
+/// thread with the handshakes still pending and the counters.
+/// Strangers' connections never fail this call (see [`super::accept`]);
+/// a member that does not come within `join_timeout` does.
 pub fn connect_all(
     options: &TcpOptions,
     rank: usize,
     listener: &TcpListener,
     hello: &Hello,
-    tls: Option<&tls::TlsContext>,
-) -> Result<Vec<Option<Conn>>, FabricError> {
+    tls: Option<&Arc<tls::TlsContext>>,
+    stat: Option<&stat::StatHeader>,
+) -> Result<(Vec<Option<Conn>>, Acceptor), FabricError> {
     let member_count = options.addresses.len();
     let required = options.required(rank);
     let deadline = Instant::now() + options.join_timeout;
-    let abort = AtomicBool::new(false);
+    let abort = &AtomicBool::new(false);
+    let mut acceptor = Acceptor::new(options, rank, hello, tls.cloned());
     let accepted = std::thread::scope(|s| {
-        let acceptor = s.spawn(|| accept_higher(options, rank, listener, hello, tls, deadline, &abort));
+        let acceptor = &mut acceptor;
+        let accepting = s.spawn(move || accept_higher(options, rank, listener, acceptor, stat, deadline, abort));
         let dialed = (0..rank)
             .filter(|peer| required & (1u64 << peer) != 0)
-            .map(|peer| dial(options, peer, hello, tls, deadline, &abort).map(|s| (peer, s)))
+            .map(|peer| dial(options, peer, hello, tls.map(|t| &**t), deadline, abort).map(|s| (peer, s)))
             .collect::<Result<Vec<_>, _>>();
         if dialed.is_err() {
             abort.store(true, Ordering::Relaxed);
         }
-        let accepted = acceptor.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let accepted = accepting.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
         match (dialed, accepted) {
             (Err(e), _) | (_, Err(e)) => Err(e),
             (Ok(d), Ok(a)) => Ok((d, a)),
@@ -56,15 +63,17 @@ pub fn connect_all(
             .all(|(r, s)| (r != rank || s.is_none()) && (required & (1u64 << r) == 0 || s.is_some())),
         "connectivity: one connection to every required peer, none to itself"
     );
-    Ok(streams)
+    Ok((streams, acceptor))
 }
 
+/// Accept the higher ranks `open` waits for, handshaking every accepted
+/// connection concurrently ([`Acceptor`]) until they are all connected.
 fn accept_higher(
     options: &TcpOptions,
     rank: usize,
     listener: &TcpListener,
-    hello: &Hello,
-    tls: Option<&tls::TlsContext>,
+    acceptor: &mut Acceptor,
+    stat: Option<&stat::StatHeader>,
     deadline: Instant,
     abort: &AtomicBool,
 ) -> Result<Vec<(usize, Conn)>, FabricError> {
@@ -83,48 +92,38 @@ fn accept_higher(
         if abort.load(Ordering::Relaxed) {
             return Ok(got);
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             let missing: Vec<usize> = PeerSet(required_higher & !got_mask).iter().collect();
-            return Err(FabricError::JoinTimeout {
-                group: options.group.clone(),
-                missing,
-                waited_ms: options.join_timeout.as_millis() as u64,
+            let waited_ms = options.join_timeout.as_millis() as u64;
+            // A member that tried and was refused is the likely cause:
+            // name its fault rather than only the timeout.
+            return Err(match acceptor.last_member_failure() {
+                Some(f) => FabricError::Handshake {
+                    peer: f.who.clone(),
+                    fault: format!(
+                        "{} (then members {missing:?} of group '{}' did not join within {waited_ms} ms)",
+                        f.fault, options.group
+                    ),
+                },
+                None => FabricError::JoinTimeout {
+                    group: options.group.clone(),
+                    missing,
+                    waited_ms,
+                },
             });
         }
-        let (stream, from) = match listener.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5));
+        // Short waits: the abort flag is looked at between passes.
+        let wait = (deadline - now).min(Duration::from_millis(10));
+        for a in acceptor.pass(listener, got_mask, wait, stat) {
+            if got_mask & (1u64 << a.peer) != 0 {
+                // Completed alongside an earlier connection of its rank.
+                acceptor.refuse_completed(a, "a second connection of a member already connected", stat);
                 continue;
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(FabricError::io(format!("member {rank}: accept"), e)),
-        };
-        stream
-            .set_nonblocking(false)
-            .map_err(|e| FabricError::io("accepted socket", e))?;
-        let source = options
-            .check_source_addr
-            .then_some((from, options.addresses.as_slice()));
-        let (peer, session) = handshake_io(
-            &stream,
-            &options.key,
-            hello,
-            ExpectRank::Above(rank as u32),
-            source,
-            tls.map(|t| (t, None)),
-            &format!("connecting from {from}"),
-        )
-        .map_err(|(e, _)| e)?;
-        if got_mask & (1u64 << peer) != 0 {
-            return Err(FabricError::Handshake {
-                peer: format!("member {peer} at {from}"),
-                fault: "a second connection for a member already connected (two processes with the same member id?)"
-                    .into(),
-            });
+            got_mask |= 1u64 << a.peer;
+            got.push((a.peer, (a.stream, a.session)));
         }
-        got_mask |= 1u64 << peer;
-        got.push((peer, (stream, session)));
     }
     Ok(got)
 }
@@ -160,9 +159,9 @@ fn dial(
                     &stream,
                     &options.key,
                     hello,
-                    ExpectRank::Exactly(peer as u32),
-                    None,
-                    tls.map(|t| (t, Some(addr.ip()))),
+                    peer,
+                    options.handshake_timeout,
+                    tls.map(|t| (t, addr.ip())),
                     &format!("member {peer} at {addr}"),
                 ) {
                     Ok((id, session)) => {
@@ -186,50 +185,49 @@ fn dial(
     }
 }
 
-/// Run the handshake over `stream`; the peer's rank on success, else
-/// the error and whether the peer refused this member as busy (it
-/// still holds a connection of this rank: worth another try). With
-/// `source` (the listener side), the connection's source address
-/// must be the configured address of the rank the peer claims.
-/// With `tls`, the TLS handshake runs first (as the client checking
-/// the certificate for the dialed address when one is given, else as
-/// the server), then the group-key handshake inside the session,
-/// which is returned.
-#[allow(clippy::too_many_arguments)]
+/// The dialer's handshake over `stream` with member `peer` (blocking,
+/// each read and write bounded by `timeout`); the peer's rank on
+/// success, else the error and whether the peer refused this member as
+/// busy (it still holds a connection of this rank: worth another try).
+/// With `tls`, the TLS handshake runs first (as the client checking the
+/// certificate for the dialed address), then the group-key handshake
+/// inside the session, which is returned. (The listener's side is
+/// [`super::accept`], which never blocks.)
 pub(super) fn handshake_io(
     stream: &TcpStream,
     key: &[u8],
     hello: &Hello,
-    expect: ExpectRank,
-    source: Option<(SocketAddr, &[SocketAddr])>,
-    tls: Option<(&tls::TlsContext, Option<std::net::IpAddr>)>,
+    peer: usize,
+    timeout: Duration,
+    tls: Option<(&tls::TlsContext, std::net::IpAddr)>,
     who: &str,
 ) -> Result<(usize, Option<tls::Session>), (FabricError, bool)> {
+    let expect = ExpectRank::Exactly(peer as u32);
     let mut busy = false;
     let fail = |fault: String| FabricError::Handshake {
         peer: who.to_string(),
         fault,
     };
     stream
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .and_then(|_| stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT)))
+        .set_read_timeout(Some(timeout))
+        .and_then(|_| stream.set_write_timeout(Some(timeout)))
         .and_then(|_| stream.set_nodelay(true))
         .map_err(|e| (fail(format!("socket options: {e}")), false))?;
     match tls {
         None => {
             let mut io = stream;
-            handshake_steps(&mut io, stream, key, hello, expect, source, who, &mut busy)
+            handshake_steps(&mut io, stream, key, hello, expect, timeout, who, &mut busy)
                 .map(|r| (r, None))
                 .map_err(|e| (e, busy))
         }
         Some((context, dialed)) => {
-            let mut conn = context.handshake(stream, dialed).map_err(|e| (fail(e), false))?;
+            let mut conn = context.handshake(stream, Some(dialed)).map_err(|e| (fail(e), false))?;
             let mut io = tls::TlsIo {
                 conn: &mut conn,
                 stream,
             };
             let rank =
-                handshake_steps(&mut io, stream, key, hello, expect, source, who, &mut busy).map_err(|e| (e, busy))?;
+                handshake_steps(&mut io, stream, key, hello, expect, timeout, who, &mut busy).map_err(|e| (e, busy))?;
             Ok((rank, Some(Arc::new(Mutex::new(conn)))))
         }
     }
@@ -247,7 +245,7 @@ fn handshake_steps(
     key: &[u8],
     hello: &Hello,
     expect: ExpectRank,
-    source: Option<(SocketAddr, &[SocketAddr])>,
+    timeout: Duration,
     who: &str,
     busy: &mut bool,
 ) -> Result<usize, FabricError> {
@@ -256,9 +254,6 @@ fn handshake_steps(
         fault,
     };
     let mut hs = Handshake::new(key, hello.clone(), expect);
-    if let Some((from, addresses)) = source {
-        hs.check_source(from.ip(), addresses);
-    }
     let io_fault = |what: &str, e: io::Error| {
         if e.kind() == io::ErrorKind::InvalidData && e.to_string().starts_with("TLS") {
             // TLS 1.3: a client learns that its certificate was refused
@@ -266,8 +261,8 @@ fn handshake_steps(
             format!("TLS handshake failed: {e} (are both members' certificates signed by the same group CA, tls_ca?)")
         } else if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
             format!(
-                "no {what} within {} s (is it a Spindle member?)",
-                HANDSHAKE_TIMEOUT.as_secs()
+                "no {what} within {} ms (handshake_timeout_ms; is it a Spindle member?)",
+                timeout.as_millis()
             )
         } else {
             format!("connection closed while waiting for its {what} ({e}; is it a Spindle member of this group?)")
@@ -280,12 +275,7 @@ fn handshake_steps(
     let who = match hs.on_hello(&their_hello) {
         Ok(proof) => {
             let _ = s.write_all(&proof);
-            match expect {
-                ExpectRank::Above(_) | ExpectRank::AboveFree { .. } => {
-                    format!("member {} ({who})", hs.peer_rank().expect("hello accepted"))
-                }
-                ExpectRank::Exactly(_) => who.to_string(),
-            }
+            who.to_string()
         }
         Err((refusal, e)) => return Err(refuse(s, stream, &refusal, fail(e.to_string()))),
     };

@@ -238,6 +238,13 @@ impl Handshake {
         ));
     }
 
+    /// Change which rank the peer may have, before its HELLO arrives (the
+    /// listener learns who is still connected only then).
+    pub fn set_expect(&mut self, expect: ExpectRank) {
+        assert!(self.theirs.is_none(), "the expectation is set before the peer's hello");
+        self.expect = expect;
+    }
+
     /// This side's HELLO, sent first.
     pub fn hello(&self) -> [u8; HELLO_BYTES] {
         self.mine_bytes

@@ -25,6 +25,13 @@
 //!   on the group name and layout before any group data flows; the
 //!   listener also checks the source address against the claimed rank's
 //!   configured address ([`TcpOptions::check_source_addr`]).
+//! - **Strangers** (module `accept`): the listener handshakes every accepted
+//!   connection concurrently, each on its own deadline
+//!   ([`TcpOptions::handshake_timeout`]), in a set bounded in total and
+//!   per source address; a connection that fails (random bytes, an HTTP
+//!   request, a silent or closed connection, a wrong key) is closed and
+//!   counted ([`TcpFabric::handshake_stats`], `spindle stat`) and never
+//!   fails `open` or the running member.
 //! - **Threads**: the caller's thread pushes: one `sendmsg` per push and
 //!   peer (headers and row bytes gathered without a copy), or, with
 //!   [`TcpOptions::coalesce`], one per progress pass (small pushes copied
@@ -71,6 +78,7 @@
 //! fabric.push(0..8, PeerSet::all_except(0, 2)).unwrap();
 //! ```
 
+mod accept;
 mod connect;
 mod doorbell;
 pub mod frame;
@@ -84,7 +92,7 @@ pub mod stat;
 pub mod tls;
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
@@ -102,16 +110,26 @@ use send::PeerWriter;
 
 pub use doorbell::Sleepers;
 use options::PENDING_BYTES;
-pub use options::{TcpOptions, COALESCE_PUSH_BYTES_MAX, SEND_STALL_MAX_DEFAULT};
+pub use options::{
+    TcpOptions, COALESCE_PUSH_BYTES_MAX, HANDSHAKES_PENDING_MAX, HANDSHAKES_PENDING_MAX_DEFAULT,
+    HANDSHAKES_PENDING_PER_SOURCE_MAX_DEFAULT, HANDSHAKE_TIMEOUT_DEFAULT, SEND_STALL_MAX_DEFAULT,
+};
 
 /// Largest row: bounded like shm.
 const ROW_BYTES_MAX: usize = 1 << 34;
-/// How long one handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// One connect attempt's timeout; attempts repeat until `join_timeout`.
 const CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a closing member waits for its peers' own close.
 const LINGER: Duration = Duration::from_millis(200);
+
+/// See [`TcpFabric::handshake_stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandshakeStats {
+    /// Accepted connections that failed the handshake (counted once each).
+    pub failed: u64,
+    /// Accepted connections in handshake now.
+    pub pending: u64,
+}
 
 /// A peer connection's state, as the receive thread last saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,6 +192,9 @@ pub(crate) struct Inner {
     /// a loop receives on its own thread each pass, and the receive
     /// thread naps, as for `parks`.
     driven: std::sync::atomic::AtomicU64,
+    /// Accepted connections that failed the handshake, and those in
+    /// handshake now (written by the acceptor; see [`accept`]).
+    handshakes: Arc<accept::HandshakeCounters>,
 }
 
 impl Inner {
@@ -233,6 +254,9 @@ pub struct TcpFabric {
     inner: Arc<Inner>,
     receiver: Option<JoinHandle<()>>,
     linker: Option<JoinHandle<()>>,
+    /// Accepts and handshakes the higher ranks' connections (and
+    /// strangers'), beside the link thread's dials.
+    accepter: Option<JoinHandle<()>>,
     description: String,
 }
 
@@ -304,7 +328,9 @@ impl TcpFabric {
             Some(config) => Some(Arc::new(tls::TlsContext::new(config)?)),
             None => None,
         };
-        let streams = connect::connect_all(options, rank, &listener, &hello, tls_context.as_deref())?;
+        let stat_header = rows.stat().map(|s| s.header());
+        let (streams, acceptor) =
+            connect::connect_all(options, rank, &listener, &hello, tls_context.as_ref(), stat_header)?;
         let mut writers = Vec::with_capacity(member_count);
         let mut readers = Vec::with_capacity(member_count);
         let mut status = Vec::with_capacity(member_count);
@@ -381,6 +407,7 @@ impl TcpFabric {
             sleepers: Sleepers::new(),
             parks: std::sync::atomic::AtomicU64::new(0),
             driven: std::sync::atomic::AtomicU64::new(0),
+            handshakes: Arc::clone(acceptor.counters()),
         });
         let mut fabric = TcpFabric {
             rank,
@@ -388,6 +415,7 @@ impl TcpFabric {
             inner,
             receiver: None,
             linker: None,
+            accepter: None,
             description: format!("tcp:{}#{rank}@{}{stat_note}", options.group, options.addresses[rank]),
         };
         for peer in 0..member_count {
@@ -401,13 +429,20 @@ impl TcpFabric {
                     .spawn(move || recv::run(inner))
                     .map_err(|e| FabricError::io("start the receive thread", e))?,
             );
-            let link = link::Link::new(options, rank, listener, hello, tls_context)?;
+            let (link, accepting) = link::Link::new(options, rank, listener, hello, tls_context, acceptor)?;
             let inner = Arc::clone(&fabric.inner);
             fabric.linker = Some(
                 std::thread::Builder::new()
                     .name(format!("spindle-tcp-link-{rank}"))
                     .spawn(move || link.run(&inner))
                     .map_err(|e| FabricError::io("start the link thread", e))?,
+            );
+            let inner = Arc::clone(&fabric.inner);
+            fabric.accepter = Some(
+                std::thread::Builder::new()
+                    .name(format!("spindle-tcp-accept-{rank}"))
+                    .spawn(move || accepting.run(&inner))
+                    .map_err(|e| FabricError::io("start the accept thread", e))?,
             );
         }
         Ok(fabric)
@@ -417,6 +452,17 @@ impl TcpFabric {
     /// one (after `open`), if it did.
     pub fn last_link_error(&self) -> Option<String> {
         self.inner.link_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The listener's handshake counters: accepted connections that failed
+    /// the handshake since `open` began (strangers, wrong keys, timeouts,
+    /// connections pushed out by the pending bounds), and those in
+    /// handshake now. Also in the stat file, for `spindle stat`.
+    pub fn handshake_stats(&self) -> HandshakeStats {
+        HandshakeStats {
+            failed: self.inner.handshakes.failed.load(Ordering::Relaxed),
+            pending: self.inner.handshakes.pending.load(Ordering::Relaxed),
+        }
     }
 
     /// The state of the connection to `rank`, and why it closed.
@@ -551,6 +597,9 @@ impl Drop for TcpFabric {
         // `link_stop` in the link loop.
         self.inner.link_stop.store(true, Ordering::Release);
         if let Some(t) = self.linker.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.accepter.take() {
             let _ = t.join();
         }
         self.inner.flush_all();

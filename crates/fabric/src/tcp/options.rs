@@ -74,7 +74,27 @@ pub struct TcpOptions {
     /// authentication against the group's CA ([`tls`]). `None` (the
     /// default): plain TCP, authenticated by the group key only.
     pub tls: Option<tls::TlsConfig>,
+    /// How long one connection's handshake may take (each accepted
+    /// connection has its own deadline; a dialer's handshake too). A
+    /// connection that has not completed by then is closed and counted
+    /// in `handshakes_failed`.
+    pub handshake_timeout: Duration,
+    /// Accepted connections in handshake at once, at most; a new one over
+    /// the bound closes the oldest (see `accept`).
+    pub handshakes_pending_max: usize,
+    /// As `handshakes_pending_max`, per source IP address.
+    pub handshakes_pending_per_source_max: usize,
 }
+
+/// Default of [`TcpOptions::handshake_timeout`].
+pub const HANDSHAKE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Default of [`TcpOptions::handshakes_pending_max`].
+pub const HANDSHAKES_PENDING_MAX_DEFAULT: usize = 1024;
+/// Default of [`TcpOptions::handshakes_pending_per_source_max`].
+pub const HANDSHAKES_PENDING_PER_SOURCE_MAX_DEFAULT: usize = 64;
+/// Largest [`TcpOptions::handshakes_pending_max`] (each pending handshake
+/// holds a socket).
+pub const HANDSHAKES_PENDING_MAX: usize = 65536;
 
 /// Default of [`TcpOptions::send_stall_max`]: no bound beyond
 /// `peer_timeout`. A group with membership sets it below its suspicion
@@ -117,6 +137,9 @@ impl TcpOptions {
             stat_dir: None,
             layout_description,
             tls: None,
+            handshake_timeout: HANDSHAKE_TIMEOUT_DEFAULT,
+            handshakes_pending_max: HANDSHAKES_PENDING_MAX_DEFAULT,
+            handshakes_pending_per_source_max: HANDSHAKES_PENDING_PER_SOURCE_MAX_DEFAULT,
         }
     }
 
@@ -156,6 +179,24 @@ impl TcpOptions {
             return Err(FabricError::InvalidOption(format!(
                 "peer_timeout {} ms must be at least 100 ms",
                 self.peer_timeout.as_millis()
+            )));
+        }
+        if self.handshake_timeout < Duration::from_millis(10) || self.handshake_timeout > Duration::from_secs(3600) {
+            return Err(FabricError::InvalidOption(format!(
+                "handshake_timeout {} ms must be in 10..=3600000 ms",
+                self.handshake_timeout.as_millis()
+            )));
+        }
+        if !(1..=HANDSHAKES_PENDING_MAX).contains(&self.handshakes_pending_max) {
+            return Err(FabricError::InvalidOption(format!(
+                "handshakes_pending_max {} must be in 1..={HANDSHAKES_PENDING_MAX}",
+                self.handshakes_pending_max
+            )));
+        }
+        if !(1..=self.handshakes_pending_max).contains(&self.handshakes_pending_per_source_max) {
+            return Err(FabricError::InvalidOption(format!(
+                "handshakes_pending_per_source_max {} must be in 1..=handshakes_pending_max ({})",
+                self.handshakes_pending_per_source_max, self.handshakes_pending_max
             )));
         }
         Ok(())

@@ -19,6 +19,9 @@
 //!  +24   row_len_bytes u64                   3 fault, 4 waiting)
 //!  +32   layout_tag u64                +120 zero [8]
 //!  +128  group name [64], NUL-padded   +192 layout description [1024]
+//!  +1216 handshakes_failed u64: accepted connections that failed the
+//!        handshake (strangers, wrong keys, timeouts), counted since open
+//!  +1224 handshakes_pending u64: accepted connections in handshake now
 //!  +4096 rows: member_count × row_len_bytes (this member's view)
 //! ```
 //!
@@ -64,11 +67,15 @@ pub struct StatHeader {
     _zero: [u8; 8],
     group: [AtomicU8; GROUP_BYTES_MAX],
     description: [AtomicU8; STAT_DESCRIPTION_BYTES_MAX],
+    pub handshakes_failed: AtomicU64,
+    pub handshakes_pending: AtomicU64,
 }
 
 const _: () = assert!(std::mem::offset_of!(StatHeader, peer_status) == 56);
 const _: () = assert!(std::mem::offset_of!(StatHeader, group) == 128);
 const _: () = assert!(std::mem::offset_of!(StatHeader, description) == 192);
+const _: () = assert!(std::mem::offset_of!(StatHeader, handshakes_failed) == 1216);
+const _: () = assert!(std::mem::offset_of!(StatHeader, handshakes_pending) == 1224);
 const _: () = assert!(std::mem::size_of::<StatHeader>() <= STAT_HEADER_BYTES);
 const _: () = assert!(STAT_HEADER_BYTES.is_multiple_of(crate::CACHE_LINE_BYTES));
 const _: () = assert!(super::handshake::GROUP_NAME_BYTES_MAX <= GROUP_BYTES_MAX);
@@ -282,6 +289,16 @@ impl StatReader {
         let n = (h.description_len.load(Ordering::Relaxed) as usize).min(STAT_DESCRIPTION_BYTES_MAX);
         let bytes: Vec<u8> = h.description[..n].iter().map(|b| b.load(Ordering::Relaxed)).collect();
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Accepted connections that failed the handshake since the member
+    /// opened (strangers, wrong keys, timeouts), and those in handshake now.
+    pub fn handshakes(&self) -> (u64, u64) {
+        let h = self.header();
+        (
+            h.handshakes_failed.load(Ordering::Relaxed),
+            h.handshakes_pending.load(Ordering::Relaxed),
+        )
     }
 
     /// This member's view of `rank`'s connection: "self", "connected",

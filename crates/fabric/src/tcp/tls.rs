@@ -114,6 +114,18 @@ impl TlsContext {
         })
     }
 
+    /// A server session for an accepted connection, driven without
+    /// blocking by the acceptor (`accept`).
+    pub fn server_connection(&self) -> Result<rustls::Connection, String> {
+        let mut conn: rustls::Connection = rustls::ServerConnection::new(self.server.clone())
+            .map_err(|e| format!("TLS: {e}"))?
+            .into();
+        // Encrypted records go out whole from the send buffer (see `seal`);
+        // plaintext written during the TLS handshake waits in the session.
+        conn.set_buffer_limit(None);
+        Ok(conn)
+    }
+
     /// Run the TLS handshake on a blocking `stream` (its timeouts bound
     /// it): as the client checking the certificate for `dialed` when set,
     /// else as the server. The error says what failed.
