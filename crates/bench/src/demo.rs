@@ -83,6 +83,8 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         suspect_timeout_ms: 0,
         check_source_addr: true,
         tls: None,
+        handshake_timeout_ms: 0,
+        handshakes_pending_max: 0,
         burst_bytes: crate::member::BURST_BYTES,
     };
     let total = args.count * args.members as u64;

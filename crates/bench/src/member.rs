@@ -89,6 +89,14 @@ pub struct MemberSpec {
     /// tcp: TLS with these PEM files (`group.tls_*`), or plain tcp.
     #[serde(default)]
     pub tls: Option<TlsPaths>,
+    /// tcp: how long one accepted connection may take to handshake (0:
+    /// the fabric's default).
+    #[serde(default)]
+    pub handshake_timeout_ms: u64,
+    /// tcp: accepted connections handshaking at once (0: the fabric's
+    /// default).
+    #[serde(default)]
+    pub handshakes_pending_max: usize,
     /// Bytes a sender writes before it runs the progress loop again
     /// (0: [`BURST_BYTES`]).
     #[serde(default)]
@@ -154,6 +162,12 @@ impl MemberSpec {
         });
         if self.peer_timeout_ms > 0 {
             tcp.peer_timeout = Duration::from_millis(self.peer_timeout_ms);
+        }
+        if self.handshake_timeout_ms > 0 {
+            tcp.handshake_timeout = Duration::from_millis(self.handshake_timeout_ms);
+        }
+        if self.handshakes_pending_max > 0 {
+            tcp.handshakes_pending_max = self.handshakes_pending_max;
         }
         Ok(tcp)
     }

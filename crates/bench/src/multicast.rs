@@ -249,6 +249,8 @@ pub fn measure_with_tcp(
         suspect_timeout_ms: 0,
         check_source_addr: true,
         tls: None,
+        handshake_timeout_ms: 0,
+        handshakes_pending_max: 0,
         burst_bytes: crate::member::BURST_BYTES,
     };
     let total = args.count * ranks.len() as u64;

@@ -152,6 +152,8 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         suspect_timeout_ms: file.suspect_timeout_ms,
         check_source_addr: file.check_source_addr,
         tls,
+        handshake_timeout_ms: file.handshake_timeout_ms,
+        handshakes_pending_max: file.handshakes_pending_max,
         burst_bytes: spindle_bench::member::BURST_BYTES,
     };
     let share = match (count, args.seconds) {
