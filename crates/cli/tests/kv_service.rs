@@ -7,9 +7,9 @@
 
 use std::cell::RefCell;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,8 +32,34 @@ struct Service {
 /// How long a test waits for a line from the supervisor.
 const LINE_WAIT: Duration = Duration::from_secs(60);
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// A port for a service or one of its tcp members: below the kernel's
+/// ephemeral range, distinct within this process, free now.
+///
+/// Not `bind(0)`: the port it returns is free only until it is dropped,
+/// and it lies in the ephemeral range, where every outgoing connection
+/// of this machine (these tests' clients, the tcp members dialling each
+/// other, other tests running beside them) takes its source port. The
+/// tcp tests used to run their members on `port + 1 …` next to such a
+/// port: now and then a connection had taken one of them, that member
+/// failed to bind and exited, the others gave up joining after their
+/// 30 s join timeout and the test failed (`history_across_a_failover_is_
+/// linearizable_tcp`, about 30 s into the run). Ports below the
+/// ephemeral range are never handed out by the kernel.
+fn reserve_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next().and_then(|w| w.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    let span = 8000u16.min(low - 1024);
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = (std::process::id() % span as u32) as u16;
+    for _ in 0..span {
+        let port = low - span + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port below the ephemeral range {low}");
 }
 
 impl Service {
@@ -55,7 +81,7 @@ impl Service {
         dir: Option<tempfile::TempDir>,
     ) -> Service {
         static N: AtomicU64 = AtomicU64::new(0);
-        let port = free_port();
+        let port = reserve_port();
         let group = format!("kvt-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
         let spares: usize = extra
             .iter()
@@ -72,6 +98,16 @@ impl Service {
         args.extend(["--backups".into(), backups.to_string(), "--mode".into(), mode.into()]);
         args.extend(extra.iter().map(|s| s.to_string()));
         args.extend(["--data-dir".into(), data_dir.display().to_string()]);
+        if extra.windows(2).any(|w| w == ["--transport", "tcp"]) {
+            // The members' ports too (not port + 1 …: see `reserve_port`).
+            let peers: Vec<String> = (0..backups + 1 + spares)
+                .map(|_| format!("127.0.0.1:{}", reserve_port()))
+                .collect();
+            let config = data_dir.join(format!("{group}-peers.conf"));
+            std::fs::create_dir_all(data_dir).unwrap();
+            std::fs::write(&config, format!("peers = \"{}\"\n", peers.join(","))).unwrap();
+            args.extend(["--config".into(), config.display().to_string()]);
+        }
         cluster.start(0, args).expect("spawn spindle kv serve");
         let mut member_pids = Vec::new();
         while member_pids.len() < backups + 1 + spares {
