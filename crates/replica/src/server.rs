@@ -71,11 +71,25 @@ pub enum ServeError {
     Stop(String),
 }
 
-/// Bind `addr`, retrying while the old master's socket lingers.
+/// Bind `addr` for a master, retrying while it is taken.
+///
+/// The listener is bound with `SO_REUSEPORT` (and `SO_REUSEADDR`, as std
+/// does): a SIGKILLed master's listener can outlive the moment its
+/// backups see it dead (its main thread is a zombie while its other
+/// threads are still exiting; the shared file table, listener included,
+/// closes with the last one — under load that took longer than the 10 s
+/// this wait used to allow, every backup in turn failed to bind and the
+/// service died). With `SO_REUSEPORT` on both, the new master binds at
+/// once. A process outside the service still holds the address against
+/// it (it did not set `SO_REUSEPORT`), and `spindle kv serve` refuses to
+/// start on an address anything listens on.
 pub fn bind(addr: &str, wait: Duration) -> Result<TcpListener, String> {
     let started = std::time::Instant::now();
+    let parsed: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|_| format!("bind {addr}: expected an address such as 127.0.0.1:6380"))?;
     loop {
-        match TcpListener::bind(addr) {
+        match bind_reuse_port(parsed) {
             Ok(l) => return Ok(l),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && started.elapsed() < wait => {
                 std::thread::sleep(Duration::from_millis(5));
@@ -83,6 +97,84 @@ pub fn bind(addr: &str, wait: Duration) -> Result<TcpListener, String> {
             Err(e) => return Err(format!("bind {addr}: {e}")),
         }
     }
+}
+
+/// A listener on `addr` with `SO_REUSEADDR` and `SO_REUSEPORT` set
+/// before the bind (std's `TcpListener::bind` sets only the first).
+fn bind_reuse_port(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: socket(2) takes no pointers; the descriptor it returns is
+    // owned by `socket` right below, which closes it on every path.
+    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a descriptor we just opened and own alone.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    for option in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
+        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from `&one`,
+        // which lives across the call; the descriptor is open.
+        let r = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // SAFETY: an all-zero sockaddr_storage is a valid (unspecified)
+    // address; the fields for the address family are filled in below.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        std::net::SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in (the socket API's guarantee).
+            let sin = unsafe { &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr = libc::in_addr {
+                s_addr: u32::from_ne_bytes(a.ip().octets()),
+            };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        std::net::SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in6 (the socket API's guarantee).
+            let sin6 = unsafe { &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr = libc::in6_addr {
+                s6_addr: a.ip().octets(),
+            };
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_scope_id = a.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    // SAFETY: `storage` holds a valid address of `len` bytes for the
+    // socket's family and lives across the call.
+    let r = unsafe {
+        libc::bind(
+            socket.as_raw_fd(),
+            (&storage as *const libc::sockaddr_storage).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: listen(2) takes no pointers; the descriptor is open.
+    if unsafe { libc::listen(socket.as_raw_fd(), 128) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(TcpListener::from(socket))
 }
 
 /// What the batches share, under one lock.
@@ -391,6 +483,24 @@ mod tests {
             idle: IdleStrategy::DEFAULT_BACKOFF,
             join_timeout: Duration::from_secs(30),
         }
+    }
+
+    /// A master's listener shares its port with a lingering one of the
+    /// service (both `SO_REUSEPORT`), never with a foreign listener.
+    #[test]
+    fn a_new_master_binds_beside_a_lingering_listener_only() {
+        let first = bind("127.0.0.1:0", Duration::ZERO).unwrap();
+        let addr = first.local_addr().unwrap().to_string();
+        let second = bind(&addr, Duration::ZERO).expect("beside a lingering master listener");
+        assert_eq!(second.local_addr().unwrap(), first.local_addr().unwrap());
+        drop((first, second));
+        let foreign = TcpListener::bind("127.0.0.1:0").unwrap();
+        let foreign_addr = foreign.local_addr().unwrap().to_string();
+        let err = bind(&foreign_addr, Duration::ZERO).unwrap_err();
+        assert!(err.contains("Address already in use"), "{err}");
+        assert!(bind("localhost:1", Duration::ZERO)
+            .unwrap_err()
+            .contains("expected an address"));
     }
 
     /// Send one request, read one line of reply.
