@@ -514,6 +514,11 @@ impl<F: Membership> Leader<F> {
         for (key, object) in self.objects.iter() {
             self.master
                 .append_record(RecordKind::Put, key, &object.value, object.version)?;
+            if object.expires_at_ms != 0 {
+                let at = crate::record::expire_value(object.expires_at_ms);
+                self.master
+                    .append_record(RecordKind::Expire, key, &at, object.version)?;
+            }
         }
         self.master.append_snapshot_done(self.objects.version_max())
     }
