@@ -417,6 +417,13 @@ fn measure(
                     .map_err(|e| e.to_string())?;
                 if joins {
                     port.join().map_err(|e| e.to_string())?;
+                } else {
+                    // A non-member of a broadcast is busy elsewhere: it
+                    // parks, and the broadcast interrupts (wakes) it.
+                    port.set_wait(WaitConfig {
+                        spins: 0,
+                        park_max: Duration::from_millis(50),
+                    });
                 }
                 while !stop.load(Ordering::Acquire) {
                     port.serve(Duration::from_millis(50));

@@ -123,6 +123,7 @@ struct Sim<'a> {
     layout: Layout,
     p: Params,
     targets: SlotSet,
+    origin: usize,
     lines: Vec<Line>,
     core_free: Vec<f64>,
     pending: Vec<u32>,
@@ -215,7 +216,9 @@ impl Sim<'_> {
 
     fn arrive(&mut self, a: Arrival) {
         let core = a.slot;
-        let interrupted = !self.targets.contains(a.slot) && self.layout == Layout::Tree;
+        // A broadcast interrupts a non-member (busy elsewhere); the origin
+        // is polling its own mailbox while it waits.
+        let interrupted = self.layout == Layout::Tree && !self.targets.contains(a.slot) && a.slot != self.origin;
         let notice = a.at
             + if interrupted {
                 self.p.wake_ns
@@ -263,6 +266,7 @@ pub fn simulate(tree: &Tree, layout: Layout, p: Params, origin: usize, targets: 
         layout,
         p,
         targets,
+        origin,
         lines,
         core_free: vec![0.0; slots],
         pending: vec![0; slots],

@@ -108,6 +108,7 @@ impl Domain {
             last_seen,
             handler: Box::new(handler),
             delivered: 0,
+            wait: self.wait,
         })
     }
 
@@ -131,6 +132,7 @@ pub struct Port {
     last_seen: u64,
     handler: Box<dyn FnMut(Delivery) + Send>,
     delivered: u64,
+    wait: WaitConfig,
 }
 
 impl Drop for Port {
@@ -145,6 +147,12 @@ impl Drop for Port {
 impl Port {
     pub fn slot(&self) -> usize {
         self.slot
+    }
+
+    /// How this port waits (default: the domain's): a thread busy with
+    /// other work spins little and parks.
+    pub fn set_wait(&mut self, wait: WaitConfig) {
+        self.wait = wait;
     }
 
     /// Messages delivered to this port's handler so far.
@@ -288,7 +296,7 @@ impl Port {
         flight: Option<&Flight>,
         mut done: impl FnMut(&mut Port) -> bool,
     ) -> bool {
-        let wait = self.domain.wait;
+        let wait = self.wait;
         let mut passes = 0u32;
         loop {
             if done(self) {
