@@ -626,3 +626,78 @@ pub fn sim(args: SimArgs) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_are_distinct_slots_with_the_origin_first() {
+        for slots in 2..=63 {
+            for members in 2..=slots {
+                let g = group_slots(slots, members);
+                assert_eq!(g[0], 0);
+                assert!(
+                    g.windows(2).all(|w| w[0] < w[1]),
+                    "{slots} slots, {members} members: {g:?}"
+                );
+                assert!(*g.last().unwrap() < slots);
+            }
+        }
+    }
+
+    #[test]
+    fn sim_sizes_grow_to_the_core_count() {
+        for cores in [4, 16, 32, 100, 256] {
+            let sizes = sim_sizes(cores);
+            assert_eq!(sizes[0], 2);
+            assert_eq!(*sizes.last().unwrap(), cores);
+            assert!(sizes.windows(2).all(|w| w[0] < w[1]), "{cores}: {sizes:?}");
+        }
+    }
+
+    #[test]
+    fn ratios_are_against_flat_at_the_same_size() {
+        let row = |layout: &str, members, p50| Row {
+            layout: layout.into(),
+            members,
+            cores: 4,
+            simulated: true,
+            latency_ns: Latency { p50, p99: p50 },
+            samples: 1,
+        };
+        let rows = vec![
+            row("flat", 2, 100.0),
+            row("tree", 2, 250.0),
+            row("flat", 4, 200.0),
+            row("tree", 4, 100.0),
+        ];
+        assert_eq!(
+            ratios_to_flat(&rows),
+            vec![("tree".to_string(), 2, 2.5), ("tree".to_string(), 4, 0.5)]
+        );
+    }
+
+    #[test]
+    fn the_sim_command_writes_labelled_rows() {
+        let dir = crate::tempdir("fanout-sim-test").unwrap();
+        let json = dir.join("sim.json");
+        let svg = dir.join("sim.svg");
+        sim(SimArgs {
+            params: None,
+            cores: vec![4, 16],
+            shape: "binary".into(),
+            trials: 20,
+            seed: 3,
+            validate: vec![],
+            json: Some(json.clone()),
+            svg: Some(svg.clone()),
+        })
+        .unwrap();
+        let report = read_report(&json).unwrap();
+        assert!(report.simulated && report.rows.iter().all(|r| r.simulated));
+        assert_eq!(report.rows.len(), 4 * (3 + 15));
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("SIMULATED"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
