@@ -9,7 +9,11 @@
 //! segments to disk in the background with fsync, holding a bounded ring
 //! of segments in memory ([`backup`]). The same store runs with a
 //! two-sided RPC baseline ([`master::Mode::Rpc`]) so the two can be
-//! measured side by side, as in the RAMCloud seed.
+//! measured side by side, as in the RAMCloud seed. With
+//! [`layout::Durability::Disk`] a write is acknowledged only once every
+//! backup has it on disk: each backup's syncer writes and fdatasyncs what
+//! arrived since its last round (group commit) and publishes how far its
+//! disk reaches ([`backup`]).
 //!
 //! Every part is generic over the fabric: on shm a push is the
 //! completion; on tcp one-sided writes complete by a backup's echo of the

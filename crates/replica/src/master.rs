@@ -305,6 +305,9 @@ impl<F: Fabric> Master<F> {
     pub fn mode(&self) -> Mode {
         self.mode
     }
+    pub fn durability(&self) -> Durability {
+        self.layout.durability
+    }
     /// Appends that had to wait for a backup (flow control or rpc reply).
     pub fn flow_waits(&self) -> u64 {
         let row = self.fabric.row(self.fabric.member_rank());

@@ -542,10 +542,17 @@ impl<F: Membership> Leader<F> {
     /// Re-append every live object and the `SnapshotDone` marker: the
     /// start of every epoch's log.
     fn write_snapshot(&mut self) -> Result<(), String> {
-        for (key, object) in self.objects.iter() {
+        // Disk durability: group commit for the whole snapshot (one sync
+        // round per flow-control wait, not one per object); the marker's
+        // append waits for all of it.
+        let deferred = self.master.durability() == Durability::Disk;
+        self.master.set_deferred(deferred);
+        let appended = self.objects.iter().try_for_each(|(key, object)| {
             self.master
-                .append_record(RecordKind::Put, key, &object.value, object.version)?;
-        }
+                .append_record(RecordKind::Put, key, &object.value, object.version)
+        });
+        self.master.set_deferred(false);
+        appended?;
         self.master.append_snapshot_done(self.objects.version_max())
     }
 
