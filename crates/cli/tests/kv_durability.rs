@@ -447,3 +447,22 @@ fn memory_durability_loses_only_the_last_acknowledged_writes() {
     let losses = experiment("memory");
     assert!(losses.iter().all(|l| l.lost <= l.acked));
 }
+
+#[test]
+fn a_bad_durability_is_refused_naming_the_key_and_the_choices() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["kv", "serve", "--port", "1", "--durability", "fsync"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run spindle");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("--durability") && text.contains("\"fsync\"") && text.contains("\"memory\" or \"disk\""),
+        "{text}"
+    );
+}
