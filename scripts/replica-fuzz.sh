@@ -8,7 +8,7 @@
 # the libFuzzer targets in crates/replica/fuzz/ for SECONDS_PER_TARGET each
 # (build dir: $CARGO_TARGET_DIR, default crates/replica/fuzz/target).
 # Without them, runs the proptest-based fuzz tests
-# (crates/replica/tests/decoder_fuzz.rs, resp_fuzz.rs) with many cases
+# (crates/replica/tests/decoder_fuzz.rs, resp_fuzz.rs, command_fuzz.rs) with many cases
 # instead: the same properties, on stable Rust, no extra tool.
 # Exits non-zero on the first failure (cargo-fuzz keeps the crashing input
 # under crates/replica/fuzz/artifacts/; proptest prints the minimal case).
@@ -29,5 +29,5 @@ else
     cases=$((SECONDS_PER_TARGET * 2000))
     echo "== cargo-fuzz (nightly) not available: proptest fuzzing with PROPTEST_CASES=$cases"
     PROPTEST_CASES=$cases timeout $((SECONDS_PER_TARGET * 8 + 600)) \
-        cargo test --release -p spindle-replica --test decoder_fuzz --test resp_fuzz
+        cargo test --release -p spindle-replica --test decoder_fuzz --test resp_fuzz --test command_fuzz
 fi

@@ -26,6 +26,7 @@ pub mod baseline;
 pub mod cluster;
 pub mod demo;
 pub mod failover;
+pub mod fanout;
 pub mod member;
 pub mod multicast;
 pub mod payload;

@@ -365,6 +365,7 @@ fn member_main<F: Membership>(node: Node<F>, config: &ServiceConfig, rank: usize
         leader,
         ServeOptions {
             clients_max: config.clients_max,
+            idle_timeout: config.idle_timeout,
             value_bytes_max: config.value_bytes_max,
             info_extra,
             stop: Some(&STOP),

@@ -50,6 +50,9 @@ enum Command {
     Rt(rt::RtCommand),
     /// Deterministic simulation with fault injection and invariant checking.
     Sim(sim::SimArgs),
+    /// Acknowledged multicast over a static tree: bench, calibrate, sim.
+    #[command(subcommand)]
+    Fanout(spindle_bench::fanout::FanoutCommand),
     /// (internal) one member process of a demo or bench run.
     #[command(hide = true)]
     Member(member::MemberArgs),
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
         Command::Kv(command) => kv::run(command),
         Command::Rt(command) => rt::run(command),
         Command::Sim(args) => sim::run(args),
+        Command::Fanout(command) => spindle_bench::fanout::run(command),
         Command::Member(args) => member::run(args),
         Command::BaselineMember(args) => baseline::run_member(args),
         Command::ViewMember(args) => view_member::run(args),

@@ -52,6 +52,21 @@ fn open_pair(o0: TcpOptions, o1: TcpOptions) -> (Result<TcpFabric, FabricError>,
 }
 
 #[test]
+fn a_peer_timeout_of_an_hour_opens_like_any_other() {
+    // Linux refuses more than 127 keepalive probes; a long peer timeout
+    // once failed every connection with "Invalid argument".
+    let (_, addrs) = listeners(2);
+    let key = b"the right key, 32 bytes long....";
+    let mut o0 = options("patient", &addrs, key);
+    let mut o1 = options("patient", &addrs, key);
+    o0.peer_timeout = Duration::from_secs(3600);
+    o1.peer_timeout = Duration::from_secs(3600);
+    let (r0, r1) = open_pair(o0, o1);
+    r0.expect("member 0 with a one-hour peer timeout");
+    r1.expect("member 1 with a one-hour peer timeout");
+}
+
+#[test]
 fn a_wrong_key_is_refused_with_a_clear_error_on_both_sides() {
     let (_, addrs) = listeners(2);
     let (r0, r1) = open_pair(

@@ -727,9 +727,12 @@ impl<F: Fabric> GroupCore<F> {
         let window_slots = self.layout.window_slots as u64;
         // The first slot whose first index is past the edge (a null run
         // that straddles it stays: a slow member may still pass it while
-        // it delivers the old view's ragged edge). Only the last window of
-        // positions still holds what was published there.
-        let mut resend_from = self.my_base.max(self.published_slots.saturating_sub(window_slots));
+        // it delivers the old view's ragged edge). Positions below
+        // `flow_limit - window` were released by every member (delivered
+        // everywhere, so below the edge), and their slots may already
+        // hold positions the application reserved since; from there on,
+        // each slot still holds what was published at its position.
+        let mut resend_from = self.my_base.max(self.flow_limit.saturating_sub(window_slots));
         while resend_from < self.published_slots {
             let off = self.layout.slot_offset(resend_from);
             let null_count = me.u32_at(off + 8).load(Ordering::Relaxed);
@@ -740,9 +743,15 @@ impl<F: Fabric> GroupCore<F> {
         }
         assert!(
             self.flow_limit <= resend_from + window_slots,
-            "no duplication: trimmed slot {resend_from} of member {} could be reused (flow limit {})",
+            "no duplication: trimmed slot {resend_from} of member {} could be reused (flow limit {}; view {} base {} published {} \
+             delivered_own {delivered_own} of {} published, final_seq {final_seq}, delivered_num {})",
             self.my_rank,
             self.flow_limit,
+            self.view,
+            self.my_base,
+            self.published_slots,
+            self.next_msg_index,
+            self.delivered_num,
         );
         let mut resent = 0u64;
         for p in resend_from..self.published_slots {

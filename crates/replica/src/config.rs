@@ -20,7 +20,8 @@
 //! segments = 4              # per backup, in memory
 //! value_bytes_max = 1_048_576
 //! memory_bytes_max = 268_435_456
-//! clients_max = 1024
+//! clients_max = 1024       # one more client is told "max number of clients reached"
+//! idle_timeout_s = 300      # close a client with no complete request for this long; 0: never
 //! ```
 
 use std::path::PathBuf;
@@ -51,6 +52,9 @@ pub struct ServiceConfig {
     pub value_bytes_max: usize,
     pub memory_bytes_max: usize,
     pub clients_max: usize,
+    /// Close a client that sends no complete request for this long (idle
+    /// or a request left half-sent); zero: never.
+    pub idle_timeout: std::time::Duration,
 }
 
 /// Which fabric the members use.
@@ -87,6 +91,9 @@ pub mod defaults {
     pub const VALUE_BYTES_MAX: usize = 1 << 20;
     pub const MEMORY_BYTES_MAX: usize = 256 << 20;
     pub const CLIENTS_MAX: usize = 1024;
+    /// Long enough for any client that is alive (pools ping or reconnect),
+    /// short enough that stuck clients free their slots.
+    pub const IDLE_TIMEOUT_S: u64 = 300;
 }
 
 impl ServiceConfig {
@@ -111,6 +118,7 @@ impl ServiceConfig {
             value_bytes_max: defaults::VALUE_BYTES_MAX,
             memory_bytes_max: defaults::MEMORY_BYTES_MAX,
             clients_max: defaults::CLIENTS_MAX,
+            idle_timeout: std::time::Duration::from_secs(defaults::IDLE_TIMEOUT_S),
         }
     }
 
@@ -166,6 +174,7 @@ impl ServiceConfig {
                 "value_bytes_max" => c.value_bytes_max = int()?,
                 "memory_bytes_max" => c.memory_bytes_max = int()?,
                 "clients_max" => c.clients_max = int()?,
+                "idle_timeout_s" => c.idle_timeout = std::time::Duration::from_secs(int()? as u64),
                 other => return Err(at(format!("unknown key '{other}'"))),
             }
         }
@@ -208,6 +217,12 @@ impl ServiceConfig {
         self.geometry.validate(self.value_bytes_max)?;
         if self.clients_max == 0 || self.clients_max > 65_536 {
             return Err(format!("clients_max = {}: expected 1..=65536", self.clients_max));
+        }
+        if self.idle_timeout > std::time::Duration::from_secs(365 * 86_400) {
+            return Err(format!(
+                "idle_timeout_s = {}: expected 0 (never) ..= 31536000 (a year)",
+                self.idle_timeout.as_secs()
+            ));
         }
         if self.memory_bytes_max < 1024 {
             return Err(format!(
@@ -256,7 +271,7 @@ impl ServiceConfig {
 
     fn to_text_but_durability(&self) -> String {
         format!(
-            "group = \"{}\"\ntransport = \"{}\"\npeers = \"{}\"\nkey = \"{}\"\nspares = {}\nbackups = {}\nmode = \"{}\"\nbind = \"{}\"\nport = {}\ndata_dir = \"{}\"\nsegment_bytes = {}\nsegments = {}\nvalue_bytes_max = {}\nmemory_bytes_max = {}\nclients_max = {}\n",
+            "group = \"{}\"\ntransport = \"{}\"\npeers = \"{}\"\nkey = \"{}\"\nspares = {}\nbackups = {}\nmode = \"{}\"\nbind = \"{}\"\nport = {}\ndata_dir = \"{}\"\nsegment_bytes = {}\nsegments = {}\nvalue_bytes_max = {}\nmemory_bytes_max = {}\nclients_max = {}\nidle_timeout_s = {}\n",
             self.group,
             self.transport.as_str(),
             self.peers.join(","),
@@ -271,7 +286,8 @@ impl ServiceConfig {
             self.geometry.segments_max,
             self.value_bytes_max,
             self.memory_bytes_max,
-            self.clients_max
+            self.clients_max,
+            self.idle_timeout.as_secs()
         )
     }
 
@@ -335,6 +351,15 @@ mod tests {
             .unwrap_err()
             .contains("segment_bytes 4096"));
         ServiceConfig::local_default().validate().unwrap();
+        let idle = ServiceConfig::parse("idle_timeout_s = 0\nclients_max = 8\n").unwrap();
+        assert_eq!((idle.idle_timeout, idle.clients_max), (std::time::Duration::ZERO, 8));
+        assert_eq!(ServiceConfig::parse(&idle.to_text()).unwrap(), idle);
+        assert!(ServiceConfig::parse("idle_timeout_s = 99999999999")
+            .unwrap_err()
+            .contains("idle_timeout_s = 99999999999"));
+        assert!(ServiceConfig::parse("clients_max = 0")
+            .unwrap_err()
+            .contains("clients_max = 0"));
         assert_eq!(ServiceConfig::parse(&c.to_text()).unwrap(), c, "to_text round-trips");
         let t = ServiceConfig::parse("transport = \"tcp\"\nspares = 1\nport = 7000\n").unwrap();
         assert_eq!(t.members(), 5);

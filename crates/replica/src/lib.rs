@@ -29,14 +29,17 @@
 //! delete older epochs once it is on disk). After every member stopped, a
 //! start with the same data directory recovers from the newest log.
 //!
-//! The KV service ([`server`], [`command`]) speaks RESP: PING, GET, SET,
-//! DEL, EXISTS, MGET, MSET (atomic: one batch of records that recovery
-//! applies whole or not at all), INCR, DBSIZE, INFO, QUIT; anything else
-//! is a RESP error. Writes are applied to the objects only after every
+//! The KV service ([`server`], [`command`]) speaks RESP2 and RESP3 (after
+//! `HELLO 3`) with the Redis string commands that client libraries need
+//! ([`keyspace::COMMANDS`]: GET, SET with its options, MSET — atomic: one
+//! batch of records that recovery applies whole or not at all —, INCRBY,
+//! APPEND, EXPIRE/TTL, SCAN, KEYS, HELLO, CLIENT, COMMAND …); anything else
+//! is a RESP error. Expiry is decided by the master and replicated as
+//! expire and delete records ([`record`]). Writes are applied to the objects only after every
 //! backup has them, so a read never shows a write a failover could lose.
 //!
 //! Sans-IO parts (no threads, sockets or clocks): [`record`], [`log`],
-//! [`replay`], [`store`], [`resp`], [`command`], [`linearizability`],
+//! [`replay`], [`store`], [`resp`], [`command`], [`keyspace`], [`linearizability`],
 //! [`config`]. Runtime parts: [`master`], [`backup`], [`disk`], [`node`],
 //! [`server`].
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -46,6 +49,7 @@ pub mod command;
 pub mod config;
 pub mod disk;
 pub mod echo;
+pub mod keyspace;
 pub mod layout;
 pub mod linearizability;
 pub mod log;

@@ -549,7 +549,13 @@ impl<F: Membership> Leader<F> {
         self.master.set_deferred(deferred);
         let appended = self.objects.iter().try_for_each(|(key, object)| {
             self.master
-                .append_record(RecordKind::Put, key, &object.value, object.version)
+                .append_record(RecordKind::Put, key, &object.value, object.version)?;
+            if object.expires_at_ms != 0 {
+                let at = crate::record::expire_value(object.expires_at_ms);
+                self.master
+                    .append_record(RecordKind::Expire, key, &at, object.version)?;
+            }
+            Ok::<(), String>(())
         });
         self.master.set_deferred(false);
         appended?;

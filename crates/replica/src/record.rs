@@ -9,9 +9,10 @@
 //! ```text
 //!  +0   magic      u32  "SPRC" (0x4352_5053)
 //!  +4   kind       u8   1 put · 2 delete (tombstone) · 3 pad (rest of segment unused) · 4 snapshot done
+//!                       · 5 expire (set or clear a key's expiry) · 6 flush (every object deleted)
 //!  +5   reserved   u8   0
-//!  +6   key_len    u16  1..=KEY_BYTES_MAX (0 for pad / snapshot done)
-//!  +8   value_len  u32  0..=VALUE_BYTES_LIMIT (0 unless put)
+//!  +6   key_len    u16  1..=KEY_BYTES_MAX (put, delete, expire); 0 (pad, snapshot done, flush)
+//!  +8   value_len  u32  0..=VALUE_BYTES_LIMIT (put); 8 (expire); 0 (others)
 //!  +12  batch_rest u32  records of this record's batch that follow it (0: last or alone)
 //!  +16  epoch      u64  epoch of the master that wrote the record
 //!  +24  position   u64  log position of the record's first byte
@@ -19,6 +20,21 @@
 //!  +40  checksum   u64  xxh3-64 of bytes +0..+40, the key and the value
 //!  +48  key bytes, then value bytes, then zeros up to a multiple of 8
 //! ```
+//!
+//! Expiry is decided by the master and replicated as data, never by a
+//! backup's clock: an expire record's value is the key's absolute expiry
+//! time, and the master deletes an expired key with a delete record.
+//!
+//! ```text
+//!  expire record value (value_len = 8):
+//!  +0   expires_at_ms  u64  unix time in ms at which the key expires;
+//!                           0: no expiry (PERSIST)
+//! ```
+//!
+//! A put clears the key's expiry: a write that keeps it (INCR, APPEND,
+//! SET KEEPTTL) is a batch of a put and an expire record, and the
+//! epoch's starting snapshot writes an expire record after the put of
+//! every object that has an expiry.
 //!
 //! ```
 //! use spindle_replica::record::{decode, encode_into, RecordFields, RecordKind};
@@ -42,6 +58,8 @@ pub const KEY_BYTES_MAX: usize = 4096;
 pub const VALUE_BYTES_LIMIT: usize = 64 << 20;
 /// Records start at multiples of this.
 pub const RECORD_ALIGN: usize = 8;
+/// Bytes of an expire record's value (the expiry time, `u64` LE).
+pub const EXPIRE_VALUE_BYTES: usize = 8;
 
 const _: () = assert!(HEADER_BYTES.is_multiple_of(RECORD_ALIGN));
 const _: () = assert!(KEY_BYTES_MAX <= u16::MAX as usize);
@@ -59,6 +77,24 @@ pub enum RecordKind {
     /// Every object of the epoch's starting snapshot has been written: the
     /// epoch's log is usable for recovery from here on.
     SnapshotDone = 4,
+    /// `key`'s expiry is now the time in `value` (see
+    /// [`expire_value`]); the object itself is unchanged.
+    Expire = 5,
+    /// Every object was deleted at `version` (FLUSHDB).
+    Flush = 6,
+}
+
+/// The value of an expire record: the absolute expiry time (unix ms, 0:
+/// none), little-endian.
+pub fn expire_value(expires_at_ms: u64) -> [u8; EXPIRE_VALUE_BYTES] {
+    expires_at_ms.to_le_bytes()
+}
+
+/// The expiry time an expire record's value holds (its length is checked
+/// by [`decode`]).
+pub fn expire_time_ms(value: &[u8]) -> u64 {
+    assert_eq!(value.len(), EXPIRE_VALUE_BYTES, "an expire record's value is 8 bytes");
+    u64_at(value, 0)
 }
 
 impl RecordKind {
@@ -68,6 +104,8 @@ impl RecordKind {
             2 => Some(RecordKind::Delete),
             3 => Some(RecordKind::Pad),
             4 => Some(RecordKind::SnapshotDone),
+            5 => Some(RecordKind::Expire),
+            6 => Some(RecordKind::Flush),
             _ => None,
         }
     }
@@ -204,17 +242,22 @@ pub fn decode(src: &[u8], epoch: u64, position: u64) -> Result<(Record<'_>, usiz
         return Err(malformed("reserved byte is not zero".into()));
     }
     let batch_rest = u32_at(src, 12);
-    if batch_rest != 0 && !matches!(kind, RecordKind::Put | RecordKind::Delete) {
+    if batch_rest != 0 && !matches!(kind, RecordKind::Put | RecordKind::Delete | RecordKind::Expire) {
         return Err(malformed(format!("batch_rest {batch_rest} on a {kind:?} record")));
     }
     match kind {
-        RecordKind::Put | RecordKind::Delete if key_len == 0 || key_len > KEY_BYTES_MAX => {
+        RecordKind::Put | RecordKind::Delete | RecordKind::Expire if key_len == 0 || key_len > KEY_BYTES_MAX => {
             return Err(malformed(format!("key_len {key_len}")));
         }
-        RecordKind::Delete | RecordKind::Pad | RecordKind::SnapshotDone if value_len != 0 => {
+        RecordKind::Delete | RecordKind::Pad | RecordKind::SnapshotDone | RecordKind::Flush if value_len != 0 => {
             return Err(malformed(format!("value_len {value_len} on a {kind:?} record")));
         }
-        RecordKind::Pad | RecordKind::SnapshotDone if key_len != 0 => {
+        RecordKind::Expire if value_len != EXPIRE_VALUE_BYTES => {
+            return Err(malformed(format!(
+                "value_len {value_len} on an Expire record (expected 8)"
+            )));
+        }
+        RecordKind::Pad | RecordKind::SnapshotDone | RecordKind::Flush if key_len != 0 => {
             return Err(malformed(format!("key_len {key_len} on a {kind:?} record")));
         }
         _ => {}
@@ -302,6 +345,51 @@ mod tests {
             let mut bad = buf.clone();
             bad[i] ^= 0x40;
             assert!(decode(&bad[..n], 3, 0).is_err(), "flip at byte {i} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn expire_and_flush_records_round_trip_and_are_checked() {
+        let mut buf = vec![0u8; 128];
+        let at = 1_700_000_000_123u64;
+        let value = expire_value(at);
+        let n = encode_into(
+            &mut buf,
+            &RecordFields::single(RecordKind::Expire, 3, 0, 5, b"k", &value),
+        );
+        let (r, len) = decode(&buf, 3, 0).unwrap();
+        assert_eq!(
+            (r.kind, r.key, expire_time_ms(r.value), len),
+            (RecordKind::Expire, &b"k"[..], at, n)
+        );
+        let n = encode_into(&mut buf, &RecordFields::single(RecordKind::Flush, 3, 0, 6, b"", b""));
+        let (r, len) = decode(&buf, 3, 0).unwrap();
+        assert_eq!((r.kind, r.version, len), (RecordKind::Flush, 6, n));
+        // An expire record whose value is not 8 bytes, or that has no key;
+        // a flush with a key: malformed (checksums made valid).
+        for (kind, key, value) in [
+            (RecordKind::Expire, &b"k"[..], &b"1234"[..]),
+            (RecordKind::Expire, &b""[..], &value[..]),
+            (RecordKind::Flush, &b"k"[..], &b""[..]),
+        ] {
+            buf.fill(0);
+            let len = encoded_len(key.len(), value.len());
+            buf[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+            buf[4] = kind as u8;
+            buf[6..8].copy_from_slice(&(key.len() as u16).to_le_bytes());
+            buf[8..12].copy_from_slice(&(value.len() as u32).to_le_bytes());
+            buf[16..24].copy_from_slice(&3u64.to_le_bytes());
+            buf[HEADER_BYTES..HEADER_BYTES + key.len()].copy_from_slice(key);
+            buf[HEADER_BYTES + key.len()..HEADER_BYTES + key.len() + value.len()].copy_from_slice(value);
+            let sum = checksum(&buf[0..40], key, value);
+            buf[40..48].copy_from_slice(&sum.to_le_bytes());
+            assert!(
+                matches!(
+                    decode(&buf[..len.max(HEADER_BYTES)], 3, 0),
+                    Err(DecodeError::Malformed { .. })
+                ),
+                "{kind:?} key {key:?} value {value:?}"
+            );
         }
     }
 

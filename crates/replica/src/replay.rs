@@ -14,7 +14,7 @@
 //!   kept, which linearizability allows for a write whose client never got
 //!   an answer;
 //! - the log must reach the guard, or acknowledged writes were lost;
-//! - a batch (an MSET: records whose `batch_rest` counts down to 0) is
+//! - a batch (an MSET, a SET with an expiry: records whose `batch_rest` counts down to 0) is
 //!   applied whole or not at all: a batch cut short — by the end of the
 //!   log, or abandoned by a master whose append failed — was never
 //!   acknowledged and is dropped. A batch's records have consecutive
@@ -107,7 +107,7 @@ pub fn replay<'a>(
                         expected_rest = None;
                         out.snapshot_done = true;
                     }
-                    RecordKind::Put | RecordKind::Delete => {
+                    RecordKind::Put | RecordKind::Delete | RecordKind::Expire | RecordKind::Flush => {
                         // A batch continues with the next count down and
                         // the next version; anything else means it was
                         // abandoned (the master reuses the versions of a

@@ -184,11 +184,43 @@ pub mod reply {
         out.extend_from_slice(bytes);
         out.extend_from_slice(b"\r\n");
     }
+    /// The RESP2 null bulk string (`$-1`).
     pub fn null(out: &mut Vec<u8>) {
         out.extend_from_slice(b"$-1\r\n");
     }
+    /// A null in the connection's protocol: RESP3's `_`, else `$-1`.
+    pub fn null_in(out: &mut Vec<u8>, resp3: bool) {
+        out.extend_from_slice(if resp3 { b"_\r\n" } else { b"$-1\r\n" });
+    }
     pub fn array_header(out: &mut Vec<u8>, len: usize) {
         let _ = write!(out, "*{len}\r\n");
+    }
+    /// A map of `pairs` key-value pairs: RESP3's `%`, else a flat array
+    /// of `2 × pairs` items (what Redis sends a RESP2 client).
+    pub fn map_header(out: &mut Vec<u8>, pairs: usize, resp3: bool) {
+        if resp3 {
+            let _ = write!(out, "%{pairs}\r\n");
+        } else {
+            array_header(out, 2 * pairs);
+        }
+    }
+    /// A set: RESP3's `~`, else an array.
+    pub fn set_header(out: &mut Vec<u8>, len: usize, resp3: bool) {
+        if resp3 {
+            let _ = write!(out, "~{len}\r\n");
+        } else {
+            array_header(out, len);
+        }
+    }
+    /// RESP3 verbatim text (`=len\r\ntxt:…`), else a bulk string.
+    pub fn verbatim(out: &mut Vec<u8>, text: &[u8], resp3: bool) {
+        if resp3 {
+            let _ = write!(out, "={}\r\ntxt:", text.len() + 4);
+            out.extend_from_slice(text);
+            out.extend_from_slice(b"\r\n");
+        } else {
+            bulk(out, text);
+        }
     }
 }
 

@@ -1,5 +1,9 @@
 //! The RESP server (runtime): one thread per client, at most
-//! `clients_max` clients, each request bounded by [`Limits`]; pipelined
+//! `clients_max` clients (one more is answered `-ERR max number of
+//! clients reached` and closed), each request bounded by [`Limits`]; a
+//! client that sends no complete request for `idle_timeout` (idle, or a
+//! request left half-sent) is closed, so stuck clients cannot hold every
+//! slot; pipelined
 //! requests are handled in batches (every complete request in what one
 //! read brought, under one lock), with one write of all their replies.
 //! A batch is one group commit: its appends do not wait one by one for
@@ -23,9 +27,10 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::thread::{Scope, ScopedJoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
-use crate::command::{execute, Args, CommandLimits, Flow};
+use crate::command::{execute, Args, CommandLimits, Context, Flow, Session, REDIS_COMPAT_VERSION};
+use crate::keyspace::command_list;
 use crate::node::{Leader, Membership};
 use crate::resp::{parse_request, reply, Limits};
 use crate::store::ObjectMap;
@@ -38,6 +43,9 @@ const ACCEPT_POLL_INTERVAL: Duration = Duration::from_millis(5);
 #[derive(Clone, Debug)]
 pub struct ServeOptions<'a> {
     pub clients_max: usize,
+    /// Close a client that sends no complete request for this long (it
+    /// is closed after between one and two of these); zero: never.
+    pub idle_timeout: Duration,
     pub value_bytes_max: usize,
     /// Extra `INFO` lines (role, recovery …).
     pub info_extra: String,
@@ -63,11 +71,25 @@ pub enum ServeError {
     Stop(String),
 }
 
-/// Bind `addr`, retrying while the old master's socket lingers.
+/// Bind `addr` for a master, retrying while it is taken.
+///
+/// The listener is bound with `SO_REUSEPORT` (and `SO_REUSEADDR`, as std
+/// does): a SIGKILLed master's listener can outlive the moment its
+/// backups see it dead (its main thread is a zombie while its other
+/// threads are still exiting; the shared file table, listener included,
+/// closes with the last one — under load that took longer than the 10 s
+/// this wait used to allow, every backup in turn failed to bind and the
+/// service died). With `SO_REUSEPORT` on both, the new master binds at
+/// once. A process outside the service still holds the address against
+/// it (it did not set `SO_REUSEPORT`), and `spindle kv serve` refuses to
+/// start on an address anything listens on.
 pub fn bind(addr: &str, wait: Duration) -> Result<TcpListener, String> {
     let started = std::time::Instant::now();
+    let parsed: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|_| format!("bind {addr}: expected an address such as 127.0.0.1:6380"))?;
     loop {
-        match TcpListener::bind(addr) {
+        match bind_reuse_port(parsed) {
             Ok(l) => return Ok(l),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && started.elapsed() < wait => {
                 std::thread::sleep(Duration::from_millis(5));
@@ -75,6 +97,84 @@ pub fn bind(addr: &str, wait: Duration) -> Result<TcpListener, String> {
             Err(e) => return Err(format!("bind {addr}: {e}")),
         }
     }
+}
+
+/// A listener on `addr` with `SO_REUSEADDR` and `SO_REUSEPORT` set
+/// before the bind (std's `TcpListener::bind` sets only the first).
+fn bind_reuse_port(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: socket(2) takes no pointers; the descriptor it returns is
+    // owned by `socket` right below, which closes it on every path.
+    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a descriptor we just opened and own alone.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    for option in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
+        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from `&one`,
+        // which lives across the call; the descriptor is open.
+        let r = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // SAFETY: an all-zero sockaddr_storage is a valid (unspecified)
+    // address; the fields for the address family are filled in below.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        std::net::SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in (the socket API's guarantee).
+            let sin = unsafe { &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr = libc::in_addr {
+                s_addr: u32::from_ne_bytes(a.ip().octets()),
+            };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        std::net::SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // sockaddr_in6 (the socket API's guarantee).
+            let sin6 = unsafe { &mut *(&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr = libc::in6_addr {
+                s6_addr: a.ip().octets(),
+            };
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_scope_id = a.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    // SAFETY: `storage` holds a valid address of `len` bytes for the
+    // socket's family and lives across the call.
+    let r = unsafe {
+        libc::bind(
+            socket.as_raw_fd(),
+            (&storage as *const libc::sockaddr_storage).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: listen(2) takes no pointers; the descriptor is open.
+    if unsafe { libc::listen(socket.as_raw_fd(), 128) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(TcpListener::from(socket))
 }
 
 /// What the batches share, under one lock.
@@ -94,6 +194,7 @@ struct Service<'a, F: Membership> {
     info_extra: String,
     limits: Limits,
     command_limits: CommandLimits,
+    idle_timeout: Duration,
 }
 
 impl<F: Membership> Service<'_, F> {
@@ -131,12 +232,17 @@ pub fn serve<F: Membership>(
         command_limits: CommandLimits {
             value_bytes_max: options.value_bytes_max,
         },
+        idle_timeout: options.idle_timeout,
     };
     std::thread::scope(|scope| {
         let mut clients: Vec<Client<'_>> = Vec::new();
+        let mut next_id = 1u64;
         while !service.stopping() {
             match listener.accept() {
-                Ok((stream, _)) => admit(scope, &service, stream, &mut clients, options.clients_max),
+                Ok((stream, _)) => {
+                    admit(scope, &service, stream, &mut clients, options.clients_max, next_id);
+                    next_id += 1;
+                }
                 // Nothing pending (non-blocking) or a connection aborted
                 // before it was accepted.
                 Err(_) => std::thread::sleep(ACCEPT_POLL_INTERVAL),
@@ -166,6 +272,7 @@ fn admit<'scope, 'env, F: Membership>(
     mut stream: TcpStream,
     clients: &mut Vec<Client<'scope>>,
     clients_max: usize,
+    id: u64,
 ) {
     reap(clients);
     if clients.len() >= clients_max {
@@ -177,7 +284,10 @@ fn admit<'scope, 'env, F: Membership>(
     let spawned = std::thread::Builder::new()
         .name("kv-client".into())
         .spawn_scoped(scope, move || {
-            let _ = handle_client(stream, service);
+            let _ = handle_client(&mut stream, service, id);
+            // End the connection now: the accept loop's clone of the
+            // socket would keep it open until the thread is reaped.
+            let _ = stream.shutdown(Shutdown::Both);
         });
     if let Ok(thread) = spawned {
         clients.push(Client { thread, socket });
@@ -197,24 +307,41 @@ fn reap(clients: &mut Vec<Client<'_>>) {
 }
 
 /// The `INFO` reply (the fields `spindle kv serve` reports).
+/// It says the server is Spindle, which Redis version its replies follow
+/// (`redis_version`, which some clients read) and which Redis commands
+/// it implements (`redis_commands`); everything else is an unknown
+/// command.
 fn info_text(store_mode: &str, epoch: u64, backups: usize, head: u64, objects: &ObjectMap, extra: &str) -> String {
     format!(
-        "# Server\r\nredis_version:7.0.0\r\nspindle_version:{}\r\n# Replication\r\nrole:master\r\nreplication_mode:{store_mode}\r\nepoch:{epoch}\r\nconnected_slaves:{backups}\r\nlog_head:{head}\r\n{extra}# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\n# Keyspace\r\ndb0:keys={},expires=0\r\n",
+        "# Server\r\nserver_name:spindle\r\nspindle_version:{}\r\nredis_version:{REDIS_COMPAT_VERSION}\r\nredis_compatibility:a subset of Redis {REDIS_COMPAT_VERSION}: strings only, one database, no persistence commands, no pub/sub, no transactions\r\nredis_commands:{}\r\nredis_mode:standalone\r\n# Replication\r\nrole:master\r\nreplication_mode:{store_mode}\r\nepoch:{epoch}\r\nconnected_slaves:{backups}\r\nlog_head:{head}\r\n{extra}# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
         env!("CARGO_PKG_VERSION"),
+        command_list(),
         objects.bytes(),
         objects.bytes_max(),
-        objects.len()
+        objects.len(),
+        objects.expiring()
     )
 }
 
 /// Serve one client: read, answer every complete request of what one read
 /// brought as one batch (one group commit), write the replies. Ends at
-/// the client's close, at a stop or failure (between batches), or when
-/// the accept loop shuts the socket down.
-fn handle_client<F: Membership>(mut stream: TcpStream, service: &Service<'_, F>) -> std::io::Result<()> {
+/// the client's close, at a stop or failure (between batches), when the
+/// accept loop shuts the socket down, or when no complete request came
+/// for the idle timeout.
+fn handle_client<F: Membership>(stream: &mut TcpStream, service: &Service<'_, F>, id: u64) -> std::io::Result<()> {
     // Accepted from a non-blocking listener: make sure reads block.
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
+    let idle = service.idle_timeout;
+    if !idle.is_zero() {
+        // A read waits at most this long: then the idle check below runs.
+        stream.set_read_timeout(Some(idle))?;
+    }
+    let mut session = Session {
+        id,
+        ..Session::default()
+    };
+    let mut last_request = Instant::now();
     // A request is at most a few bulk strings over the value bound.
     let buffer_max = service.limits.bulk_bytes_max * 2 + 64 * 1024;
     let mut buf: Vec<u8> = vec![0; 16 * 1024];
@@ -227,12 +354,24 @@ fn handle_client<F: Membership>(mut stream: TcpStream, service: &Service<'_, F>)
             }
             buf.resize((buf.len() * 2).min(buffer_max), 0);
         }
-        let n = stream.read(&mut buf[filled..])?;
-        if n == 0 {
+        let n = match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => 0,
+            Err(e) => return Err(e),
+        };
+        filled += n;
+        let (used, close) = if n > 0 {
+            handle_batch(&buf[..filled], service, &mut session, &mut out)
+        } else {
+            (0, false)
+        };
+        if used > 0 {
+            last_request = Instant::now();
+        } else if !idle.is_zero() && last_request.elapsed() >= idle {
+            // Idle, or a request left half-sent: free the slot.
             return Ok(());
         }
-        filled += n;
-        let (used, close) = handle_batch(&buf[..filled], service, &mut out);
         buf.copy_within(used..filled, 0);
         filled -= used;
         if !out.is_empty() {
@@ -249,7 +388,12 @@ fn handle_client<F: Membership>(mut stream: TcpStream, service: &Service<'_, F>)
 /// Execute every complete request at the front of `buf` under the lock;
 /// returns the bytes used and whether to close the connection. No reply
 /// is left in `out` unless every write of the batch is on every backup.
-fn handle_batch<F: Membership>(buf: &[u8], service: &Service<'_, F>, out: &mut Vec<u8>) -> (usize, bool) {
+fn handle_batch<F: Membership>(
+    buf: &[u8],
+    service: &Service<'_, F>,
+    session: &mut Session,
+    out: &mut Vec<u8>,
+) -> (usize, bool) {
     let mut guard = service.guarded.lock().unwrap_or_else(|p| p.into_inner());
     let guarded = &mut *guard;
     if guarded.failure.is_some() || service.stopping() {
@@ -260,6 +404,10 @@ fn handle_batch<F: Membership>(buf: &[u8], service: &Service<'_, F>, out: &mut V
     let leader = &mut guarded.leader;
     leader.master.set_deferred(true);
     let (mut used, mut close, mut ranges) = (0, false, Vec::new());
+    // The master's clock decides expiry (see the command module).
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     loop {
         let (master, objects) = (&mut leader.master, &mut leader.objects);
         match parse_request(&buf[used..], &service.limits, &mut ranges) {
@@ -272,7 +420,14 @@ fn handle_batch<F: Membership>(buf: &[u8], service: &Service<'_, F>, out: &mut V
                 let (mode, epoch) = (master.mode().as_str(), master.epoch());
                 let (backups, head) = (master.backups().len(), master.head());
                 let info = |o: &ObjectMap| info_text(mode, epoch, backups, head, o, &service.info_extra);
-                let flow = execute(args, objects, master, &service.command_limits, &info, out);
+                let mut ctx = Context {
+                    objects,
+                    log: master,
+                    limits: &service.command_limits,
+                    info: &info,
+                    now_ms,
+                };
+                let flow = execute(args, &mut ctx, session, out);
                 used += consumed;
                 if flow == Flow::Close {
                     close = true;
@@ -330,6 +485,24 @@ mod tests {
         }
     }
 
+    /// A master's listener shares its port with a lingering one of the
+    /// service (both `SO_REUSEPORT`), never with a foreign listener.
+    #[test]
+    fn a_new_master_binds_beside_a_lingering_listener_only() {
+        let first = bind("127.0.0.1:0", Duration::ZERO).unwrap();
+        let addr = first.local_addr().unwrap().to_string();
+        let second = bind(&addr, Duration::ZERO).expect("beside a lingering master listener");
+        assert_eq!(second.local_addr().unwrap(), first.local_addr().unwrap());
+        drop((first, second));
+        let foreign = TcpListener::bind("127.0.0.1:0").unwrap();
+        let foreign_addr = foreign.local_addr().unwrap().to_string();
+        let err = bind(&foreign_addr, Duration::ZERO).unwrap_err();
+        assert!(err.contains("Address already in use"), "{err}");
+        assert!(bind("localhost:1", Duration::ZERO)
+            .unwrap_err()
+            .contains("expected an address"));
+    }
+
     /// Send one request, read one line of reply.
     fn request(stream: &mut TcpStream, request: &[u8]) -> Vec<u8> {
         stream.write_all(request).unwrap();
@@ -369,6 +542,7 @@ mod tests {
             let server = s.spawn(|| {
                 let options = ServeOptions {
                     clients_max: 4,
+                    idle_timeout: Duration::ZERO,
                     value_bytes_max: 2048,
                     info_extra: String::new(),
                     stop: Some(&stop),

@@ -163,6 +163,7 @@ struct Shared {
     stop: Arc<AtomicBool>,
     listener: TcpListener,
     clients_max: usize,
+    idle_timeout: std::time::Duration,
     value_bytes_max: usize,
 }
 
@@ -202,6 +203,7 @@ impl KvService {
             stop: stop.clone(),
             listener,
             clients_max: config.clients_max,
+            idle_timeout: config.idle_timeout,
             value_bytes_max: config.value_bytes_max,
         });
         let mut service = KvService {
@@ -355,6 +357,7 @@ fn member(
     let _ = ready.send(Ok(rank));
     let options = ServeOptions {
         clients_max: shared.clients_max,
+        idle_timeout: shared.idle_timeout,
         value_bytes_max: shared.value_bytes_max,
         info_extra: format!("member_rank:{rank}\r\ntransport:shm\r\n"),
         stop: Some(&shared.stop),

@@ -120,6 +120,8 @@ pub type Sender = spindle_group::Sender<AnyFabric>;
 
 /// The fabric layer: registered rows and one-sided pushes (shm, tcp, sim).
 pub use spindle_fabric as fabric;
+/// Acknowledged multicast over a static tree among the threads of a host.
+pub use spindle_fanout as fanout;
 /// The group layer underneath [`Group`]: views, membership, atomic multicast.
 pub use spindle_group as group_layer;
 /// One-sided primary-backup object replication and the RESP key-value service.

@@ -336,14 +336,21 @@ pub(super) fn tune(stream: &TcpStream, peer_timeout: Duration, send_stall_max: D
     stream.set_write_timeout(Some(send_stall_max.min(peer_timeout)))?;
     let fd = stream.as_raw_fd();
     let secs = peer_timeout.as_secs().clamp(1, 3600) as libc::c_int;
+    // Linux refuses more than 127 keepalive probes (EINVAL): a long
+    // timeout probes less often instead (interval × count ≈ the timeout).
+    let probes = secs.min(KEEPALIVE_PROBES_MAX);
+    let interval_secs = (secs / probes).max(1);
     let ms = peer_timeout.as_millis().min(u32::MAX as u128) as libc::c_uint;
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
     setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 1)?;
-    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1)?;
-    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, secs)?;
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, interval_secs)?;
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, probes)?;
     setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms as libc::c_int)?;
     Ok(())
 }
+
+/// The most keepalive probes Linux accepts (`TCP_KEEPCNT`).
+const KEEPALIVE_PROBES_MAX: libc::c_int = 127;
 
 fn setsockopt(fd: i32, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
     // SAFETY: `value` is a c_int that lives across the call and its size

@@ -940,6 +940,34 @@ impl Cluster {
                 ));
             }
         }
+        if self.plan.mode == DeliveryMode::Ordered {
+            self.survivors_delivered_every_survivors_message(&members)?;
+        }
+        Ok(())
+    }
+
+    /// No loss for senders that stay (ordered mode): a member that ran
+    /// from the first view to the end delivered every message of every
+    /// sender still running at the end, whatever view changes came in
+    /// between (what a ragged edge trimmed, its sender published again
+    /// in the next view). A joiner delivers from the view it joined, so
+    /// it is not held to this.
+    fn survivors_delivered_every_survivors_message(&self, members: &[usize]) -> Result<(), String> {
+        let joiner = self.plan.joiner.map(|(j, _)| j);
+        for &m in members.iter().filter(|m| Some(**m) != joiner) {
+            for &s in members
+                .iter()
+                .filter(|s| self.senders[**s].is_some() && Some(**s) != joiner)
+            {
+                let delivered = self.logs[&m].iter().filter(|e| e.sender == s).count() as u64;
+                if delivered != self.sent[s] {
+                    return Err(format!(
+                        "no loss: member {m} delivered {delivered} of the {} messages of sender {s}, which stayed",
+                        self.sent[s]
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 

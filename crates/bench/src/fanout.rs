@@ -1,0 +1,703 @@
+//! `spindle fanout bench|calibrate|sim`: the fanout crate measured on
+//! this machine, the costs of its model measured here, and the model run
+//! for 4–256 cores (every simulated row says so).
+//!
+//! - `bench`: median and p99 multicast+ack latency vs group size for the
+//!   four layouts (flat is the `smp_call_function_many` baseline, measured
+//!   in the same run), with a cache-line round-trip probe and the cost of
+//!   join and leave, all in one run;
+//! - `calibrate`: the model's [`Params`] measured here ([`probe`]);
+//! - `sim`: the model's curves, the crossover group size of
+//!   tree+helping+skipping over flat, helping's small-group penalty with
+//!   and without skipping, and (with `--validate`) the model against a
+//!   real run where they overlap.
+
+pub mod plot;
+pub mod probe;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use spindle_fanout::model::{self, Params};
+use spindle_fanout::{Domain, Layout, Shape, Tree, WaitConfig};
+
+use crate::report::Machine;
+
+/// `spindle fanout …`.
+#[derive(clap::Subcommand)]
+pub enum FanoutCommand {
+    /// Multicast+ack latency vs group size on this machine, all layouts.
+    Bench(BenchArgs),
+    /// Measure the model's costs on this machine.
+    Calibrate(CalibrateArgs),
+    /// The calibrated model for 4–256 cores (SIMULATED).
+    Sim(SimArgs),
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Slots of the tree (one thread each at most); default: the CPUs.
+    #[arg(long)]
+    pub slots: Option<usize>,
+    /// Tree shape: cpu (from /sys), binary, kary:K, flat.
+    #[arg(long, default_value = "cpu")]
+    pub shape: String,
+    /// Group sizes (members, origin included); default 2..=slots.
+    #[arg(long, value_delimiter = ',')]
+    pub members: Vec<usize>,
+    /// Timed multicasts per point.
+    #[arg(long, default_value_t = 20_000)]
+    pub iterations: u64,
+    #[arg(long, default_value_t = 2_000)]
+    pub warmup: u64,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct CalibrateArgs {
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct SimArgs {
+    /// A `spindle fanout calibrate --json` file; default: typical x86 costs.
+    #[arg(long)]
+    pub params: Option<PathBuf>,
+    /// Core counts to model.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![4, 8, 16, 32, 64, 128, 256])]
+    pub cores: Vec<usize>,
+    /// Tree shape of the modelled machine: binary, kary:K, flat.
+    #[arg(long, default_value = "binary")]
+    pub shape: String,
+    /// Random groups (and origins) per point.
+    #[arg(long, default_value_t = 400)]
+    pub trials: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// `spindle fanout bench --json` files to validate the model against.
+    #[arg(long)]
+    pub validate: Vec<PathBuf>,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+/// Latency percentiles of a row, in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p99: f64,
+}
+
+/// One point of a curve.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Row {
+    pub layout: String,
+    pub members: usize,
+    /// Cores (slots of the tree) of the machine, real or modelled.
+    pub cores: usize,
+    pub simulated: bool,
+    pub latency_ns: Latency,
+    pub samples: u64,
+}
+
+/// The probes of a bench run (same run as its rows).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Probes {
+    pub cache_line_round_trip_ns: f64,
+    pub join_ns: f64,
+    pub leave_ns: f64,
+    /// 2-member tree_help_skip and flat p50 over the round trip.
+    pub two_member_p50_over_round_trip: f64,
+    pub two_member_flat_p50_over_round_trip: f64,
+    pub join_over_round_trip: f64,
+    pub leave_over_round_trip: f64,
+    /// Whether join, leave and the 2-member p50 are within 2x the round trip.
+    pub within_2x_round_trip: bool,
+}
+
+/// Model against a real run, one point.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Validation {
+    pub layout: String,
+    pub members: usize,
+    pub cores: usize,
+    pub real_p50_ns: f64,
+    pub simulated_p50_ns: f64,
+    pub simulated_over_real: f64,
+}
+
+/// Model summary at one core count.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SimSummary {
+    pub cores: usize,
+    /// The smallest group from which tree_help_skip's p50 beats flat's.
+    pub crossover_members: Option<usize>,
+    /// At 2 members: p50 over flat's p50.
+    pub tree_help_over_flat_2_members: f64,
+    pub tree_help_skip_over_flat_2_members: f64,
+    /// At every slot a member: flat's p50 over tree_help_skip's.
+    pub flat_over_tree_help_skip_full: f64,
+}
+
+/// A `spindle fanout` result file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FanoutReport {
+    /// `bench`, `calibrate` or `sim`.
+    pub kind: String,
+    pub simulated: bool,
+    pub shape: String,
+    pub rows: Vec<Row>,
+    #[serde(default)]
+    pub probes: Option<Probes>,
+    /// Each layout's p50 over flat's (the Linux-like baseline) per group size.
+    #[serde(default)]
+    pub ratio_to_flat: Vec<(String, usize, f64)>,
+    #[serde(default)]
+    pub params: Option<ParamsJson>,
+    #[serde(default)]
+    pub summaries: Vec<SimSummary>,
+    #[serde(default)]
+    pub validation: Vec<Validation>,
+    pub machine: Machine,
+    /// /proc/loadavg's 1-minute figure at the start of the run.
+    pub load_avg_1m: f64,
+    pub unix_time_s: u64,
+    pub command: String,
+}
+
+/// [`Params`] as JSON.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct ParamsJson {
+    pub line_transfer_ns: f64,
+    pub send_ns: f64,
+    pub poll_ns: f64,
+    pub handler_ns: f64,
+    pub atomic_ns: f64,
+    pub wake_ns: f64,
+    pub visit_ns: f64,
+}
+
+impl From<ParamsJson> for Params {
+    fn from(p: ParamsJson) -> Params {
+        Params {
+            line_transfer_ns: p.line_transfer_ns,
+            send_ns: p.send_ns,
+            poll_ns: p.poll_ns,
+            handler_ns: p.handler_ns,
+            atomic_ns: p.atomic_ns,
+            wake_ns: p.wake_ns,
+            visit_ns: p.visit_ns,
+        }
+    }
+}
+
+impl From<Params> for ParamsJson {
+    fn from(p: Params) -> ParamsJson {
+        ParamsJson {
+            line_transfer_ns: p.line_transfer_ns,
+            send_ns: p.send_ns,
+            poll_ns: p.poll_ns,
+            handler_ns: p.handler_ns,
+            atomic_ns: p.atomic_ns,
+            wake_ns: p.wake_ns,
+            visit_ns: p.visit_ns,
+        }
+    }
+}
+
+/// Run a `spindle fanout` command.
+pub fn run(command: FanoutCommand) -> Result<(), String> {
+    match command {
+        FanoutCommand::Bench(args) => bench(args),
+        FanoutCommand::Calibrate(args) => calibrate(args),
+        FanoutCommand::Sim(args) => sim(args),
+    }
+}
+
+fn report(kind: &str, simulated: bool, shape: &str) -> FanoutReport {
+    FanoutReport {
+        kind: kind.into(),
+        simulated,
+        shape: shape.into(),
+        rows: Vec::new(),
+        probes: None,
+        ratio_to_flat: Vec::new(),
+        params: None,
+        summaries: Vec::new(),
+        validation: Vec::new(),
+        machine: Machine::detect(),
+        load_avg_1m: load_avg_1m(),
+        unix_time_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+    }
+}
+
+fn load_avg_1m() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(f64::NAN)
+}
+
+fn write_json(path: &Option<PathBuf>, report: &FanoutReport) -> Result<(), String> {
+    if let Some(path) = path {
+        let json = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
+        std::fs::write(path, json + "\n").map_err(|e| format!("write {}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn read_report(path: &PathBuf) -> Result<FanoutReport, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: not a fanout result: {e}", path.display()))
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `spindle fanout bench`.
+pub fn bench(args: BenchArgs) -> Result<(), String> {
+    let slots = args.slots.unwrap_or_else(cpus);
+    let shape = Shape::parse(&args.shape).map_err(|e| e.to_string())?;
+    let tree = Tree::build(shape, slots).map_err(|e| e.to_string())?;
+    let sizes: Vec<usize> = if args.members.is_empty() {
+        (2..=slots).collect()
+    } else {
+        args.members.clone()
+    };
+    if let Some(bad) = sizes.iter().find(|&&g| g < 2 || g > slots) {
+        return Err(format!(
+            "--members {bad}: a group has 2..={slots} members on {slots} slots"
+        ));
+    }
+    if args.iterations == 0 {
+        return Err("--iterations 0: at least one multicast per point".into());
+    }
+    let mut out = report("bench", false, &args.shape);
+    println!(
+        "fanout bench: {slots} slots ({} cpus: {}), shape {}, load {:.2}",
+        out.machine.cpus, out.machine.cpu_model, args.shape, out.load_avg_1m
+    );
+    let round_trip_ns = probe::cache_line_round_trip_ns(
+        tree.cpu_of_slot(0) as usize,
+        tree.cpu_of_slot(1.min(slots - 1)) as usize,
+    );
+    let (join_ns, leave_ns) = probe::join_leave_ns();
+    println!("  cache-line round trip {round_trip_ns:.0} ns; join {join_ns:.1} ns, leave {leave_ns:.1} ns");
+    for layout in Layout::ALL {
+        for &members in &sizes {
+            let h = measure(&tree, layout, members, args.warmup, args.iterations)?;
+            let row = Row {
+                layout: layout.name().into(),
+                members,
+                cores: slots,
+                simulated: false,
+                latency_ns: Latency {
+                    p50: h.value_at_quantile(0.5) as f64,
+                    p99: h.value_at_quantile(0.99) as f64,
+                },
+                samples: h.len(),
+            };
+            println!(
+                "  {:<15} {:>3} members: p50 {:>8.0} ns  p99 {:>8.0} ns",
+                row.layout, members, row.latency_ns.p50, row.latency_ns.p99
+            );
+            out.rows.push(row);
+        }
+    }
+    out.ratio_to_flat = ratios_to_flat(&out.rows);
+    let p50 = |layout: &str| {
+        out.rows
+            .iter()
+            .find(|r| r.layout == layout && r.members == 2)
+            .map(|r| r.latency_ns.p50)
+    };
+    if let (Some(skip), Some(flat)) = (p50("tree_help_skip"), p50("flat")) {
+        let probes = Probes {
+            cache_line_round_trip_ns: round_trip_ns,
+            join_ns,
+            leave_ns,
+            two_member_p50_over_round_trip: skip / round_trip_ns,
+            two_member_flat_p50_over_round_trip: flat / round_trip_ns,
+            join_over_round_trip: join_ns / round_trip_ns,
+            leave_over_round_trip: leave_ns / round_trip_ns,
+            within_2x_round_trip: skip <= 2.0 * round_trip_ns
+                && join_ns <= 2.0 * round_trip_ns
+                && leave_ns <= 2.0 * round_trip_ns,
+        };
+        println!(
+            "  2 members: tree_help_skip p50 {:.2}x, flat {:.2}x the round trip; join {:.2}x, leave {:.2}x: within 2x: {}",
+            probes.two_member_p50_over_round_trip,
+            probes.two_member_flat_p50_over_round_trip,
+            probes.join_over_round_trip,
+            probes.leave_over_round_trip,
+            probes.within_2x_round_trip
+        );
+        out.probes = Some(probes);
+    } else {
+        out.probes = Some(Probes {
+            cache_line_round_trip_ns: round_trip_ns,
+            join_ns,
+            leave_ns,
+            ..Probes::default()
+        });
+    }
+    write_json(&args.json, &out)?;
+    if let Some(svg) = &args.svg {
+        plot::write_curves(svg, &out, None)?;
+        println!("wrote {}", svg.display());
+    }
+    Ok(())
+}
+
+fn ratios_to_flat(rows: &[Row]) -> Vec<(String, usize, f64)> {
+    rows.iter()
+        .filter_map(|r| {
+            let flat = rows
+                .iter()
+                .find(|f| f.layout == "flat" && f.members == r.members && f.cores == r.cores)?;
+            (r.layout != "flat").then(|| (r.layout.clone(), r.members, r.latency_ns.p50 / flat.latency_ns.p50))
+        })
+        .collect()
+}
+
+/// The slots of a group of `members`: the origin (slot 0) and the others
+/// spread over the tree.
+pub fn group_slots(slots: usize, members: usize) -> Vec<usize> {
+    (0..members).map(|i| i * slots / members).collect()
+}
+
+/// Multicast+ack latency of one layout and group size: one thread per
+/// member (and, for the broadcast, per non-member slot), pinned to its
+/// slot's CPU; the origin is slot 0.
+fn measure(
+    tree: &Tree,
+    layout: Layout,
+    members: usize,
+    warmup: u64,
+    iterations: u64,
+) -> Result<hdrhistogram::Histogram<u64>, String> {
+    let wait = WaitConfig {
+        spins: 1 << 20,
+        park_max: Duration::from_millis(1),
+    };
+    let domain = Domain::new(tree.clone(), layout, wait).map_err(|e| e.to_string())?;
+    let group = group_slots(tree.slots(), members);
+    let serving: Vec<usize> = if layout.interrupts_non_members() {
+        (1..tree.slots()).collect()
+    } else {
+        group[1..].to_vec()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = serving
+        .iter()
+        .map(|&slot| {
+            let (domain, stop, cpu) = (domain.clone(), stop.clone(), tree.cpu_of_slot(slot) as usize);
+            let joins = group.contains(&slot);
+            std::thread::spawn(move || -> Result<u64, String> {
+                // Best effort: a cgroup may not allow every CPU.
+                let _ = probe::pin_to_cpu(cpu);
+                let mut port = domain
+                    .attach(slot, |d| {
+                        std::hint::black_box(d.payload);
+                    })
+                    .map_err(|e| e.to_string())?;
+                if joins {
+                    port.join().map_err(|e| e.to_string())?;
+                } else {
+                    // A non-member of a broadcast is busy elsewhere: it
+                    // parks, and the broadcast interrupts (wakes) it.
+                    port.set_wait(WaitConfig {
+                        spins: 0,
+                        park_max: Duration::from_millis(50),
+                    });
+                }
+                while !stop.load(Ordering::Acquire) {
+                    port.serve(Duration::from_millis(50));
+                }
+                Ok(port.delivered())
+            })
+        })
+        .collect();
+    let origin_cpu = tree.cpu_of_slot(0) as usize;
+    let expected = group.iter().fold(0u64, |m, s| m | 1 << s);
+    let result = {
+        let domain = domain.clone();
+        std::thread::spawn(move || -> Result<hdrhistogram::Histogram<u64>, String> {
+            let _ = probe::pin_to_cpu(origin_cpu);
+            let mut origin = domain.attach(0, |_| {}).map_err(|e| e.to_string())?;
+            origin.join().map_err(|e| e.to_string())?;
+            let start = Instant::now();
+            while domain.state().members() != expected {
+                if start.elapsed() > Duration::from_secs(10) {
+                    return Err(format!(
+                        "members did not join within 10 s: {:#b}",
+                        domain.state().members()
+                    ));
+                }
+                std::thread::yield_now();
+            }
+            let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+            for i in 0..warmup + iterations {
+                let t0 = Instant::now();
+                let done = origin.multicast(i, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+                let ns = t0.elapsed().as_nanos() as u64;
+                assert_eq!(done.targets, expected & !1, "reached_exactly_the_group");
+                if i >= warmup {
+                    h.record(ns.max(1)).map_err(|e| e.to_string())?;
+                }
+            }
+            Ok(h)
+        })
+        .join()
+        .map_err(|_| "the origin thread panicked".to_string())?
+    };
+    stop.store(true, Ordering::Release);
+    domain.shutdown();
+    for (t, slot) in threads.into_iter().zip(&serving) {
+        let delivered = t.join().map_err(|_| format!("slot {slot}'s thread panicked"))??;
+        if result.is_ok() && group.contains(slot) && delivered != warmup + iterations {
+            return Err(format!(
+                "slot {slot} delivered {delivered} of {} multicasts",
+                warmup + iterations
+            ));
+        }
+    }
+    result
+}
+
+/// `spindle fanout calibrate`.
+pub fn calibrate(args: CalibrateArgs) -> Result<(), String> {
+    let mut out = report("calibrate", false, "");
+    let params = probe::calibrate();
+    println!(
+        "fanout calibrate ({} cpus: {}, load {:.2}):",
+        out.machine.cpus, out.machine.cpu_model, out.load_avg_1m
+    );
+    println!("  {params:?}");
+    out.params = Some(params.into());
+    write_json(&args.json, &out)
+}
+
+/// Group sizes of the model at `cores` cores.
+pub fn sim_sizes(cores: usize) -> Vec<usize> {
+    if cores <= 16 {
+        return (2..=cores).collect();
+    }
+    let mut sizes = vec![2, 3, 4, 6, 8, 12, 16];
+    let mut g = 24;
+    while g < cores {
+        sizes.push(g);
+        g = if g.is_power_of_two() { g + g / 2 } else { g / 3 * 4 };
+    }
+    sizes.push(cores);
+    sizes
+}
+
+fn sim_shape(shape: &str) -> Result<Shape, String> {
+    match Shape::parse(shape).map_err(|e| e.to_string())? {
+        Shape::Cpu => Ok(Shape::Kary(2)),
+        s => Ok(s),
+    }
+}
+
+/// `spindle fanout sim`.
+pub fn sim(args: SimArgs) -> Result<(), String> {
+    let params: Params = match &args.params {
+        Some(path) => read_report(path)?
+            .params
+            .ok_or_else(|| {
+                format!(
+                    "{}: no params (make it with `spindle fanout calibrate --json`)",
+                    path.display()
+                )
+            })?
+            .into(),
+        None => Params::TYPICAL_X86,
+    };
+    let shape = sim_shape(&args.shape)?;
+    if args.trials == 0 {
+        return Err("--trials 0: a point needs trials".into());
+    }
+    let mut out = report("sim", true, &args.shape);
+    out.params = Some(params.into());
+    println!(
+        "fanout sim (SIMULATED, {:?} tree, {} trials, params {params:?})",
+        shape, args.trials
+    );
+    for &cores in &args.cores {
+        if !(2..=spindle_fanout::SLOTS_MAX).contains(&cores) {
+            return Err(format!(
+                "--cores {cores}: the model has 2..={} cores",
+                spindle_fanout::SLOTS_MAX
+            ));
+        }
+        let tree = Tree::build(shape, cores).map_err(|e| e.to_string())?;
+        let sizes = sim_sizes(cores);
+        let curves: Vec<(Layout, Vec<model::Point>)> = Layout::ALL
+            .into_iter()
+            .map(|layout| {
+                (
+                    layout,
+                    model::curve(&tree, layout, params, &sizes, args.trials, args.seed),
+                )
+            })
+            .collect();
+        for (layout, points) in &curves {
+            for p in points {
+                out.rows.push(Row {
+                    layout: layout.name().into(),
+                    members: p.members,
+                    cores,
+                    simulated: true,
+                    latency_ns: Latency {
+                        p50: p.latency_ns_p50,
+                        p99: p.latency_ns_p99,
+                    },
+                    samples: args.trials as u64,
+                });
+            }
+        }
+        let curve = |l: Layout| &curves.iter().find(|c| c.0 == l).expect("every layout").1;
+        let (flat, help, skip) = (
+            curve(Layout::Flat),
+            curve(Layout::TreeHelp),
+            curve(Layout::TreeHelpSkip),
+        );
+        let summary = SimSummary {
+            cores,
+            crossover_members: model::crossover(skip, flat),
+            tree_help_over_flat_2_members: help[0].latency_ns_p50 / flat[0].latency_ns_p50,
+            tree_help_skip_over_flat_2_members: skip[0].latency_ns_p50 / flat[0].latency_ns_p50,
+            flat_over_tree_help_skip_full: flat.last().unwrap().latency_ns_p50 / skip.last().unwrap().latency_ns_p50,
+        };
+        println!(
+            "  {cores:>3} cores: crossover {:?} members; 2 members: help {:.2}x flat, help+skip {:.2}x flat; full group: flat {:.2}x help+skip",
+            summary.crossover_members,
+            summary.tree_help_over_flat_2_members,
+            summary.tree_help_skip_over_flat_2_members,
+            summary.flat_over_tree_help_skip_full
+        );
+        out.summaries.push(summary);
+    }
+    out.ratio_to_flat = ratios_to_flat(&out.rows);
+    for path in &args.validate {
+        let real = read_report(path)?;
+        for r in real.rows.iter().filter(|r| !r.simulated) {
+            let layout = Layout::parse(&r.layout).map_err(|e| e.to_string())?;
+            let real_shape = sim_shape(&real.shape)?;
+            let tree = Tree::build(real_shape, r.cores).map_err(|e| e.to_string())?;
+            let p = model::curve(&tree, layout, params, &[r.members], args.trials, args.seed)[0];
+            out.validation.push(Validation {
+                layout: r.layout.clone(),
+                members: r.members,
+                cores: r.cores,
+                real_p50_ns: r.latency_ns.p50,
+                simulated_p50_ns: p.latency_ns_p50,
+                simulated_over_real: p.latency_ns_p50 / r.latency_ns.p50,
+            });
+        }
+        println!("  validated against {} ({} points)", path.display(), real.rows.len());
+    }
+    for v in &out.validation {
+        println!(
+            "    {:<15} {:>3} members on {:>3} cores: real {:>8.0} ns, model {:>8.0} ns ({:.2}x)",
+            v.layout, v.members, v.cores, v.real_p50_ns, v.simulated_p50_ns, v.simulated_over_real
+        );
+    }
+    write_json(&args.json, &out)?;
+    if let Some(svg) = &args.svg {
+        let cores = *args.cores.iter().max().expect("at least one core count");
+        plot::write_curves(svg, &out, Some(cores))?;
+        println!("wrote {}", svg.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_are_distinct_slots_with_the_origin_first() {
+        for slots in 2..=63 {
+            for members in 2..=slots {
+                let g = group_slots(slots, members);
+                assert_eq!(g[0], 0);
+                assert!(
+                    g.windows(2).all(|w| w[0] < w[1]),
+                    "{slots} slots, {members} members: {g:?}"
+                );
+                assert!(*g.last().unwrap() < slots);
+            }
+        }
+    }
+
+    #[test]
+    fn sim_sizes_grow_to_the_core_count() {
+        for cores in [4, 16, 32, 100, 256] {
+            let sizes = sim_sizes(cores);
+            assert_eq!(sizes[0], 2);
+            assert_eq!(*sizes.last().unwrap(), cores);
+            assert!(sizes.windows(2).all(|w| w[0] < w[1]), "{cores}: {sizes:?}");
+        }
+    }
+
+    #[test]
+    fn ratios_are_against_flat_at_the_same_size() {
+        let row = |layout: &str, members, p50| Row {
+            layout: layout.into(),
+            members,
+            cores: 4,
+            simulated: true,
+            latency_ns: Latency { p50, p99: p50 },
+            samples: 1,
+        };
+        let rows = vec![
+            row("flat", 2, 100.0),
+            row("tree", 2, 250.0),
+            row("flat", 4, 200.0),
+            row("tree", 4, 100.0),
+        ];
+        assert_eq!(
+            ratios_to_flat(&rows),
+            vec![("tree".to_string(), 2, 2.5), ("tree".to_string(), 4, 0.5)]
+        );
+    }
+
+    #[test]
+    fn the_sim_command_writes_labelled_rows() {
+        let dir = crate::tempdir("fanout-sim-test").unwrap();
+        let json = dir.join("sim.json");
+        let svg = dir.join("sim.svg");
+        sim(SimArgs {
+            params: None,
+            cores: vec![4, 16],
+            shape: "binary".into(),
+            trials: 20,
+            seed: 3,
+            validate: vec![],
+            json: Some(json.clone()),
+            svg: Some(svg.clone()),
+        })
+        .unwrap();
+        let report = read_report(&json).unwrap();
+        assert!(report.simulated && report.rows.iter().all(|r| r.simulated));
+        assert_eq!(report.rows.len(), 4 * (3 + 15));
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("SIMULATED"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,119 @@
+//! Random joins, leaves and multicasts from every slot at once, in every
+//! layout: each multicast reaches exactly its snapshot of members (every
+//! target delivers it once, nobody else does) and completes. Bounded by
+//! operation counts, not by time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use spindle_fanout::model::Rng;
+use spindle_fanout::{Domain, Layout, Shape, Tree, WaitConfig};
+
+const SLOTS: usize = 6;
+const OPS_PER_SLOT: usize = 150;
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+type Log = Arc<Mutex<Vec<(u64, usize)>>>;
+
+fn run(layout: Layout, shape: Shape, seed: u64) {
+    let wait = WaitConfig {
+        spins: 200,
+        park_max: Duration::from_millis(2),
+    };
+    let domain = Domain::new(Tree::build(shape, SLOTS).unwrap(), layout, wait).unwrap();
+    let deliveries: Log = Arc::default();
+    let completions: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..SLOTS)
+        .map(|slot| {
+            let (domain, deliveries, completions, finished) = (
+                domain.clone(),
+                deliveries.clone(),
+                completions.clone(),
+                finished.clone(),
+            );
+            std::thread::spawn(move || {
+                let log = deliveries.clone();
+                let mut port = domain
+                    .attach(slot, move |d| log.lock().unwrap().push((d.seq, d.slot)))
+                    .unwrap();
+                let mut rng = Rng::new(seed ^ (slot as u64) << 32);
+                let mut member = false;
+                for _ in 0..OPS_PER_SLOT {
+                    match rng.below(10) {
+                        0..=1 if !member => {
+                            port.join().unwrap();
+                            member = true;
+                        }
+                        0..=1 => {
+                            port.leave(TIMEOUT).unwrap();
+                            member = false;
+                        }
+                        2..=4 if member => {
+                            let done = port.multicast(slot as u64, TIMEOUT).unwrap();
+                            assert_eq!(done.targets & (1 << slot), 0, "the origin is not its own target");
+                            completions.lock().unwrap().push((done.seq, done.targets));
+                        }
+                        _ => {
+                            port.serve(Duration::from_micros(200));
+                        }
+                    }
+                }
+                if member {
+                    port.leave(TIMEOUT).unwrap();
+                }
+                // Keep serving until everyone is done (a broadcast needs
+                // every slot; a leaver's drained multicast is done).
+                finished.fetch_add(1, Ordering::AcqRel);
+                while finished.load(Ordering::Acquire) < SLOTS {
+                    port.serve(Duration::from_millis(1));
+                }
+                port.delivered()
+            })
+        })
+        .collect();
+    let delivered: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let completions = completions.lock().unwrap();
+    let mut by_seq: BTreeMap<u64, BTreeSet<usize>> = BTreeMap::new();
+    for &(seq, slot) in deliveries.lock().unwrap().iter() {
+        assert!(
+            by_seq.entry(seq).or_default().insert(slot),
+            "{layout:?}: seq {seq} delivered twice at {slot}"
+        );
+    }
+    assert_eq!(delivered as usize, by_seq.values().map(BTreeSet::len).sum::<usize>());
+    assert!(
+        completions.len() > 20,
+        "{layout:?}: the run multicast ({} completions)",
+        completions.len()
+    );
+    let completed: BTreeSet<u64> = completions.iter().map(|c| c.0).collect();
+    assert_eq!(
+        completed.len(),
+        completions.len(),
+        "{layout:?}: each seq completes once"
+    );
+    for &(seq, targets) in completions.iter() {
+        let want: BTreeSet<usize> = (0..SLOTS).filter(|s| targets & (1 << s) != 0).collect();
+        let got = by_seq.get(&seq).cloned().unwrap_or_default();
+        assert_eq!(got, want, "{layout:?}: multicast {seq} reached exactly its snapshot");
+    }
+    for seq in by_seq.keys() {
+        assert!(
+            completed.contains(seq),
+            "{layout:?}: delivery of {seq}, which never completed"
+        );
+    }
+    assert_eq!(domain.state().members(), 0, "everyone left");
+}
+
+#[test]
+fn random_joins_leaves_and_multicasts_reach_exactly_the_snapshot() {
+    for (i, layout) in Layout::ALL.into_iter().enumerate() {
+        run(layout, Shape::Kary(2), 0x5eed + i as u64);
+    }
+    run(Layout::TreeHelpSkip, Shape::Flat, 99);
+    run(Layout::TreeHelp, Shape::Kary(3), 98);
+}
