@@ -230,31 +230,24 @@ impl<F: Fabric> Shared<F> {
     /// the segments this closed) to the master and ring. Returns 1 when
     /// it synced, 0 when there was nothing new.
     fn sync(&self, appender: &mut SegmentAppender) -> Result<u32, String> {
-        let head = self.durable_head();
-        let synced = self.durable();
-        if head == synced {
-            return Ok(0);
-        }
-        assert!(
-            head > synced,
-            "durability: the guard moved back from {synced} to {head}"
-        );
-        let geometry = self.layout.geometry;
-        let segment_bytes = geometry.segment_bytes as u64;
-        let mut at = synced;
-        while at < head {
-            let k = geometry.segment_of(at);
-            let end = head.min((k + 1) * segment_bytes);
-            appender.write(k, (at % segment_bytes) as usize, self.log_range(at, end))?;
-            at = end;
-        }
-        appender.sync()?;
         let me = self.me();
         let row = self.fabric.row(me);
         let durable_cell = self.layout.durable.offset();
-        // Partner: the Acquire load of `durable` in the master's
-        // `wait_durable`: every byte below `head` is on this disk.
-        row.u64_at(durable_cell).store(head, Ordering::Release);
+        let guard = self.fabric.row(self.log_owner()).u64_at(self.layout.head.offset(me));
+        let geometry = self.layout.geometry;
+        let segment_bytes = geometry.segment_bytes as u64;
+        // The orderings and their partners: see `crate::durable`.
+        let stepped = crate::durable::step(guard, row.u64_at(durable_cell), |from, to| {
+            let mut at = from;
+            while at < to {
+                let k = geometry.segment_of(at);
+                let end = to.min((k + 1) * segment_bytes);
+                appender.write(k, (at % segment_bytes) as usize, self.log_range(at, end))?;
+                at = end;
+            }
+            appender.sync()
+        })?;
+        let Some(head) = stepped else { return Ok(0) };
         let master = PeerSet(1 << self.master);
         let closed = geometry.closed_segments(head);
         let flushed = self.flushed();

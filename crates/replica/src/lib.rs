@@ -40,7 +40,7 @@
 //!
 //! Sans-IO parts (no threads, sockets or clocks): [`record`], [`log`],
 //! [`replay`], [`store`], [`resp`], [`command`], [`keyspace`], [`linearizability`],
-//! [`config`]. Runtime parts: [`master`], [`backup`], [`disk`], [`node`],
+//! [`config`], the echo and disk-syncer steps ([`echo`], [`durable`]). Runtime parts: [`master`], [`backup`], [`disk`], [`node`],
 //! [`server`].
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -48,6 +48,7 @@ pub mod backup;
 pub mod command;
 pub mod config;
 pub mod disk;
+pub mod durable;
 pub mod echo;
 pub mod keyspace;
 pub mod layout;
