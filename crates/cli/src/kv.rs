@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use spindle_replica::config::{ServiceConfig, Transport};
+use spindle_replica::layout::Durability;
 use spindle_replica::node::{Membership, Node};
 use spindle_replica::server::{bind, serve, ServeOptions};
 use spindle_replica::Mode;
@@ -54,6 +55,11 @@ pub struct ServeArgs {
     /// Replication mode: one-sided or rpc (overrides the file).
     #[arg(long)]
     pub mode: Option<String>,
+    /// When a write is acknowledged: memory (every backup has it in
+    /// memory; the default) or disk (every backup has fdatasynced it)
+    /// (overrides the file).
+    #[arg(long)]
+    pub durability: Option<String>,
     /// Fabric between the members: shm or tcp (overrides the file; tcp
     /// without `peers` in the file: loopback, ports port+1 …).
     #[arg(long)]
@@ -107,6 +113,9 @@ fn effective_config(args: &ServeArgs) -> Result<(ServiceConfig, bool), String> {
     if let Some(m) = &args.mode {
         config.mode = Mode::parse(m).map_err(|e| format!("--mode: {e}"))?;
     }
+    if let Some(d) = &args.durability {
+        config.durability = Durability::parse(d).map_err(|e| format!("--durability: {e}"))?;
+    }
     if let Some(g) = &args.group {
         config.group = g.clone();
     }
@@ -157,12 +166,13 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         }
     }
     println!(
-        "spindle kv: RESP on {}:{} — {} replication to {} backups ({} spares) on {} (group '{}', segments in {})",
+        "spindle kv: RESP on {}:{} — {} replication to {} backups ({} spares, durability {}) on {} (group '{}', segments in {})",
         config.bind,
         config.port,
         config.mode.as_str(),
         config.backups,
         config.spares,
+        config.durability.as_str(),
         config.transport.as_str(),
         config.group,
         config.data_dir.display()
@@ -303,12 +313,16 @@ fn run_member(args: MemberArgs) -> Result<(), String> {
     }
     let node_config = config.node_config(Duration::from_secs(30));
     match config.transport {
-        Transport::Shm => member_main(Node::open(node_config, args.rank)?, &config, args.rank),
+        Transport::Shm => member_main(
+            Node::open_with(node_config, args.rank, config.durability)?,
+            &config,
+            args.rank,
+        ),
         Transport::Tcp => {
             let addresses = config.tcp_addresses()?;
             let key = config.key.as_bytes().to_vec();
             member_main(
-                Node::open_tcp(node_config, args.rank, addresses, key)?,
+                Node::open_tcp_with(node_config, args.rank, addresses, key, None, config.durability)?,
                 &config,
                 args.rank,
             )

@@ -13,6 +13,24 @@
 //! complete part of the open segment, so a total failure (every process
 //! killed, nothing sealed) loses at most that much time of writes.
 //!
+//! With [`Durability::Disk`] the flusher is replaced by a *syncer*: it
+//! writes whatever arrived since its last round straight into the open
+//! segment's file ([`SegmentAppender`]), calls `fdatasync` once for all of
+//! it (group commit), then publishes `durable` (and `flushed_segments`)
+//! and rings the doorbell: the master acknowledges a write once every
+//! backup's `durable` has passed it. It loops while there is work and
+//! idles on the doorbell (spin, yield, park) when there is none. In rpc
+//! mode the same thread copies the request first; over tcp no echo thread
+//! runs (`durable` is the completion).
+//!
+//! ```text
+//!  master                          syncer (each backup)                   master
+//!  records, guard (Release) ──▶    g = guard (Acquire)
+//!  ring (group commit: once        pwrite log[durable..g], fdatasync
+//!  per batch)                      durable = g (Release), push, ring ──▶  durable ≥ end (Acquire):
+//!                                                                          acknowledge
+//! ```
+//!
 //! Once everything up to the master's `snapshot_end` of this epoch is on
 //! this backup's disk, older epochs are deleted (log cleaning: the disk
 //! holds at most the previous epoch and the current one).
@@ -25,8 +43,10 @@ use std::time::Duration;
 use spindle_fabric::{Fabric, PeerSet};
 use spindle_runtime::{IdleStrategy, Idler};
 
-use crate::disk::SegmentDisk;
-use crate::layout::{Completion, ReplicaLayout, COUNTER_RPC_COPIES, COUNTER_SEGMENTS_FLUSHED, ROLE_BACKUP};
+use crate::disk::{SegmentAppender, SegmentDisk};
+use crate::layout::{
+    Completion, Durability, ReplicaLayout, COUNTER_RPC_COPIES, COUNTER_SEGMENTS_FLUSHED, COUNTER_SYNCS, ROLE_BACKUP,
+};
 use crate::master::Mode;
 
 /// A backup following one master in one epoch, with its threads.
@@ -90,20 +110,29 @@ impl<F: Fabric> Shared<F> {
 
     /// The first `len` bytes of the open segment `k`.
     fn open_segment_prefix(&self, k: u64, len: usize) -> &[u8] {
+        let start = k * self.layout.geometry.segment_bytes as u64;
+        self.log_range(start, start + len as u64)
+    }
+
+    /// The bytes of log positions `from..to`, within one segment and
+    /// below the guard.
+    fn log_range(&self, from: u64, to: u64) -> &[u8] {
+        let geometry = self.layout.geometry;
+        assert!(from <= to, "log range {from}..{to}");
         assert!(
-            len <= self.layout.geometry.segment_bytes,
-            "prefix {len} longer than a segment"
+            from == to || geometry.segment_of(from) == geometry.segment_of(to - 1),
+            "log range {from}..{to} crosses a segment's end"
         );
-        let at = self.layout.segment_offset(self.me(), k);
+        let at = self.layout.area_offset(self.me(), from);
         // SAFETY:
         // - the range lies in the row (layout arithmetic, asserted in bytes);
-        // - the caller took `len` from the guard (Acquire in durable_head):
+        // - the caller took `to` from the guard (Acquire in durable_head):
         //   every byte below it was written before the guard's Release
         //   store, and the writer appends only past the guard and reuses
-        //   the slot only after `flushed_segments` passes k, so no one
-        //   writes these `len` bytes while we read them (the master may
+        //   the slot only after `flushed_segments` passes this segment, so
+        //   no one writes these bytes while we read them (the master may
         //   write past them: they are not part of this slice).
-        unsafe { self.fabric.row(self.log_owner()).bytes(at, len) }
+        unsafe { self.fabric.row(self.log_owner()).bytes(at, (to - from) as usize) }
     }
 
     fn count(&self, id: usize) {
@@ -187,6 +216,63 @@ impl<F: Fabric> Shared<F> {
         Ok(())
     }
 
+    /// This backup's `durable` position (only the syncer writes it).
+    fn durable(&self) -> u64 {
+        self.fabric
+            .row(self.me())
+            .u64_at(self.layout.durable.offset())
+            .load(Ordering::Relaxed)
+    }
+
+    /// Disk durability, one round of the syncer: write the log from
+    /// `durable` up to the guard into the segment files, fdatasync once
+    /// for all of it, then publish `durable` (and `flushed_segments` for
+    /// the segments this closed) to the master and ring. Returns 1 when
+    /// it synced, 0 when there was nothing new.
+    fn sync(&self, appender: &mut SegmentAppender) -> Result<u32, String> {
+        let me = self.me();
+        let row = self.fabric.row(me);
+        let durable_cell = self.layout.durable.offset();
+        let guard = self.fabric.row(self.log_owner()).u64_at(self.layout.head.offset(me));
+        let geometry = self.layout.geometry;
+        let segment_bytes = geometry.segment_bytes as u64;
+        // The orderings and their partners: see `crate::durable`.
+        let stepped = crate::durable::step(guard, row.u64_at(durable_cell), |from, to| {
+            let mut at = from;
+            while at < to {
+                let k = geometry.segment_of(at);
+                let end = to.min((k + 1) * segment_bytes);
+                appender.write(k, (at % segment_bytes) as usize, self.log_range(at, end))?;
+                at = end;
+            }
+            appender.sync()
+        })?;
+        let Some(head) = stepped else { return Ok(0) };
+        let master = PeerSet(1 << self.master);
+        let closed = geometry.closed_segments(head);
+        let flushed = self.flushed();
+        if closed > flushed {
+            let flushed_cell = self.layout.flushed_segments.offset();
+            // Partner: the Acquire load of `flushed_segments` in the
+            // master's flow control: it reuses the slots only after this.
+            row.u64_at(flushed_cell).store(closed, Ordering::Release);
+            self.fabric
+                .push(flushed_cell..flushed_cell + 8, master)
+                .map_err(|e| e.to_string())?;
+            for _ in flushed..closed {
+                self.count(COUNTER_SEGMENTS_FLUSHED);
+            }
+        }
+        self.fabric
+            .push(durable_cell..durable_cell + 8, master)
+            .map_err(|e| e.to_string())?;
+        // Wake a master parked on `durable` (tcp: send the pushes now).
+        self.fabric.doorbell().ring();
+        self.count(COUNTER_SYNCS);
+        self.clean_older(head)?;
+        Ok(1)
+    }
+
     /// How far the master has published to this backup: `head[me]` in our
     /// copy of its row.
     fn master_head(&self) -> u64 {
@@ -268,6 +354,7 @@ impl<F: Fabric> Backup<F> {
         assert_ne!(me, master, "a backup follows another member");
         let row = fabric.row(me);
         row.u64_at(layout.flushed_segments.offset()).store(0, Ordering::Relaxed);
+        row.u64_at(layout.durable.offset()).store(0, Ordering::Relaxed);
         row.u64_at(layout.head.offset(me)).store(0, Ordering::Relaxed);
         row.u64_at(layout.epoch.offset()).store(epoch, Ordering::Relaxed);
         row.u64_at(layout.master_rank.offset())
@@ -292,6 +379,13 @@ impl<F: Fabric> Backup<F> {
             cleaned: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
+        if shared.layout.durability == Durability::Disk {
+            // The syncer also copies (rpc) and is the completion (tcp).
+            let s = shared.clone();
+            let appender = SegmentAppender::new(s.disk.clone(), epoch);
+            threads.push(spawn(&format!("syncer-{me}"), move || syncer_loop(&s, appender)));
+            return Ok(Backup { shared, threads });
+        }
         let s = shared.clone();
         threads.push(spawn(&format!("flusher-{me}"), move || flusher_loop(&s)));
         if mode == Mode::Rpc {
@@ -384,6 +478,25 @@ fn flusher_loop<F: Fabric>(s: &Shared<F>) -> Result<(), String> {
             // Off the write path: poll gently.
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+    Ok(())
+}
+
+/// Disk durability: sync while there is work (each round covers all that
+/// arrived during the previous one: group commit); idle on the doorbell
+/// (spin, yield, park: never a core burnt while idle) when there is none.
+fn syncer_loop<F: Fabric>(s: &Shared<F>, mut appender: SegmentAppender) -> Result<(), String> {
+    let mut idler = Idler::new(s.idle);
+    let doorbell = s.fabric.doorbell();
+    // Partner: the Release store in Backup::stop.
+    while !s.stop.load(Ordering::Acquire) {
+        let mut work = 0;
+        if s.mode == Mode::Rpc {
+            work += s.copy_requests()?.min(1);
+        }
+        work += s.sync(&mut appender)?;
+        // Work: the master published past what is on our disk.
+        idler.idle(work, doorbell, || s.master_head() != s.durable());
     }
     Ok(())
 }

@@ -12,6 +12,7 @@
 //! backups = 3               # R: 1..=3 (more allowed, up to 63)
 //! spares = 0                # members that replace a dead backup
 //! mode = "one-sided"        # or "rpc"
+//! durability = "memory"     # acknowledged in every backup's memory; or "disk": after fdatasync
 //! bind = "127.0.0.1"
 //! port = 6380
 //! data_dir = "/var/tmp/spindle-kv"
@@ -25,6 +26,7 @@
 
 use std::path::PathBuf;
 
+use crate::layout::Durability;
 use crate::log::LogGeometry;
 use crate::master::Mode;
 
@@ -41,6 +43,8 @@ pub struct ServiceConfig {
     pub backups: usize,
     pub spares: usize,
     pub mode: Mode,
+    /// When a write is acknowledged: in every backup's memory, or on its disk.
+    pub durability: Durability,
     pub bind: String,
     pub port: u16,
     pub data_dir: PathBuf,
@@ -103,6 +107,7 @@ impl ServiceConfig {
             backups: defaults::BACKUPS,
             spares: defaults::SPARES,
             mode: Mode::OneSided,
+            durability: Durability::Memory,
             bind: "127.0.0.1".into(),
             port: defaults::PORT,
             data_dir: std::env::temp_dir().join("spindle-kv"),
@@ -158,6 +163,7 @@ impl ServiceConfig {
                 }
                 "key" => c.key = string()?,
                 "mode" => c.mode = Mode::parse(&string()?).map_err(at)?,
+                "durability" => c.durability = Durability::parse(&string()?).map_err(at)?,
                 "bind" => c.bind = string()?,
                 "port" => {
                     c.port = u16::try_from(int()?).map_err(|_| at(format!("port = {value}: expected 0..=65535")))?
@@ -260,6 +266,10 @@ impl ServiceConfig {
 
     /// The configuration as file text (parses back to itself).
     pub fn to_text(&self) -> String {
+        format!("durability = \"{}\"\n", self.durability.as_str()) + &self.to_text_but_durability()
+    }
+
+    fn to_text_but_durability(&self) -> String {
         format!(
             "group = \"{}\"\ntransport = \"{}\"\npeers = \"{}\"\nkey = \"{}\"\nspares = {}\nbackups = {}\nmode = \"{}\"\nbind = \"{}\"\nport = {}\ndata_dir = \"{}\"\nsegment_bytes = {}\nsegments = {}\nvalue_bytes_max = {}\nmemory_bytes_max = {}\nclients_max = {}\nidle_timeout_s = {}\n",
             self.group,
@@ -365,5 +375,26 @@ mod tests {
         assert!(ServiceConfig::parse("transport = \"udp\"")
             .unwrap_err()
             .contains("'udp'"));
+    }
+
+    #[test]
+    fn durability_parses_round_trips_and_names_a_bad_value() {
+        assert_eq!(
+            ServiceConfig::local_default().durability,
+            Durability::Memory,
+            "memory is the default"
+        );
+        let c = ServiceConfig::parse("durability = \"disk\"\n").unwrap();
+        assert_eq!(c.durability, Durability::Disk);
+        assert_eq!(
+            ServiceConfig::parse(&c.to_text()).unwrap(),
+            c,
+            "to_text keeps durability"
+        );
+        let e = ServiceConfig::parse("durability = \"fsync\"").unwrap_err();
+        assert!(
+            e.contains("durability") && e.contains("\"memory\" or \"disk\"") && e.contains("fsync"),
+            "{e}"
+        );
     }
 }

@@ -3,9 +3,17 @@
 //! directory fsynced, so a segment file is either complete or absent.
 //! `<dir>/epoch-<e>/sealed` holds the guard (u64 LE) once the epoch's
 //! whole log is on disk.
+//!
+//! With `durability = "disk"` a backup's syncer instead writes the log as
+//! it arrives through a [`SegmentAppender`]: in place, straight into
+//! `segment-<k>`, made durable by one `fdatasync` per round (group
+//! commit). Such a file's synced prefix is intact after a crash; past it
+//! the tail may be torn, which replay drops (checksums) — nothing past the
+//! synced prefix was acknowledged.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// One member's segment directory.
@@ -112,6 +120,123 @@ impl SegmentDisk {
             .collect();
         epochs.sort_unstable_by(|a, b| b.cmp(a));
         epochs
+    }
+}
+
+/// Disk durability: one epoch's log written in place as it arrives, and
+/// synced in rounds (see the module docs).
+///
+/// ```text
+///  write(k, offset, bytes)   pwrite into segment-<k> (created, truncated,
+///                            on the first write to k; the previous
+///                            segment's file is fdatasynced first)
+///  sync()                    fdatasync the open file (if written), then
+///                            fsync the epoch directory (if a file was
+///                            created) and the member directory (if the
+///                            epoch directory was): everything written
+///                            before it is on disk when it returns
+/// ```
+#[derive(Debug)]
+pub struct SegmentAppender {
+    disk: SegmentDisk,
+    epoch: u64,
+    /// The segment being written and its file.
+    open: Option<(u64, File)>,
+    /// Bytes written to the open file since its last fdatasync.
+    unsynced_bytes: u64,
+    /// A file (or the epoch directory) was created since the last sync:
+    /// its directory entry needs an fsync of the directory.
+    epoch_dir_unsynced: bool,
+    member_dir_unsynced: bool,
+    epoch_dir_created: bool,
+}
+
+impl SegmentAppender {
+    pub fn new(disk: SegmentDisk, epoch: u64) -> SegmentAppender {
+        SegmentAppender {
+            disk,
+            epoch,
+            open: None,
+            unsynced_bytes: 0,
+            epoch_dir_unsynced: false,
+            member_dir_unsynced: false,
+            epoch_dir_created: false,
+        }
+    }
+
+    /// Write `bytes` at `offset` of segment `k`. Segments are written in
+    /// order: `k` is the open segment or a later one.
+    pub fn write(&mut self, k: u64, offset: usize, bytes: &[u8]) -> Result<(), String> {
+        let open_k = self.open.as_ref().map(|(open_k, _)| *open_k);
+        assert!(
+            open_k.is_none_or(|open_k| k >= open_k),
+            "segments are appended in order: segment {k} after {open_k:?}"
+        );
+        if open_k != Some(k) {
+            self.sync_file()?;
+            self.open = Some((k, self.create(k, offset)?));
+        }
+        let (_, file) = self.open.as_ref().expect("opened above");
+        let path = || self.disk.epoch_dir(self.epoch).join(format!("segment-{k}"));
+        file.write_all_at(bytes, offset as u64)
+            .map_err(|e| io_err("write", &path(), e))?;
+        self.unsynced_bytes += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Make everything written so far durable (see the type's docs).
+    pub fn sync(&mut self) -> Result<(), String> {
+        self.sync_file()?;
+        let dir = self.disk.epoch_dir(self.epoch);
+        if self.epoch_dir_unsynced {
+            sync_dir(&dir)?;
+            self.epoch_dir_unsynced = false;
+        }
+        if self.member_dir_unsynced {
+            sync_dir(&self.disk.dir)?;
+            self.member_dir_unsynced = false;
+        }
+        debug_assert_eq!(self.unsynced_bytes, 0, "durability: every written byte is synced");
+        Ok(())
+    }
+
+    fn sync_file(&mut self) -> Result<(), String> {
+        if self.unsynced_bytes == 0 {
+            return Ok(());
+        }
+        let Some((k, file)) = &self.open else {
+            unreachable!("bytes written without an open segment")
+        };
+        file.sync_data().map_err(|e| {
+            io_err(
+                "fdatasync",
+                &self.disk.epoch_dir(self.epoch).join(format!("segment-{k}")),
+                e,
+            )
+        })?;
+        self.unsynced_bytes = 0;
+        Ok(())
+    }
+
+    /// Create segment `k`'s file (empty: it starts at offset 0, written
+    /// in order).
+    fn create(&mut self, k: u64, offset: usize) -> Result<File, String> {
+        assert_eq!(offset, 0, "segment {k} is first written at its start");
+        let dir = self.disk.epoch_dir(self.epoch);
+        if !self.epoch_dir_created {
+            fs::create_dir_all(&dir).map_err(|e| io_err("create", &dir, e))?;
+            self.epoch_dir_created = true;
+            self.member_dir_unsynced = true;
+        }
+        let path = dir.join(format!("segment-{k}"));
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| io_err("create", &path, e))?;
+        self.epoch_dir_unsynced = true;
+        Ok(file)
     }
 }
 

@@ -14,12 +14,14 @@
 //!                                  + sealed (1: nothing; 0: not published yet)
 //!  line 1  ┌ stopped          u64  master: `e + 1` once it stopped serving epoch e cleanly
 //!          │ snapshot_end     u64  master: log position just past this epoch's SnapshotDone (0: not yet)
+//!          │ durable          u64  backup, `Durability::Disk`: log position of its epoch written to its
+//!          │                       segment files and fdatasynced (Release after the sync)
 //!          └ pad
 //!  line 2  ┌ head[M]          u64  the guards: as master, head[b] = log position complete in area b
 //!          │                       (Release after the bytes); in rpc mode a backup's own head[m]
 //!          │                       is its reply: positions copied into its own area; with
 //!          │                       `Completion::Echo` (tcp) a backup's own head[m] is its echo
-//!  after   ┌ counters[C]      u64  appends, flow-control waits, … (never pushed)
+//!  after   ┌ counters[C]      u64  appends, flow-control waits, syncs, … (never pushed)
 //!  next    ┌ areas            M × segments_max × segment_bytes
 //!          │   area b of master m: the log segments m writes one-sided for backup b
 //!          │   (rpc mode: the request buffer for b); area m of backup m in rpc mode:
@@ -65,12 +67,48 @@ impl Completion {
     }
 }
 
+/// When a write is acknowledged, as far as the backups' disks go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// When every backup has it in memory ([`Completion`]); backups write
+    /// to disk in the background, so a total failure (every process or the
+    /// power lost at once) loses the writes of the last moments
+    /// (`backup::OPEN_SEGMENT_FLUSH_INTERVAL`).
+    #[default]
+    Memory,
+    /// When every backup has it in a segment file and `fdatasync` returned:
+    /// each backup's syncer writes what arrived since its last sync and
+    /// syncs once for all of it (group commit), then publishes `durable`;
+    /// the master waits for every backup's `durable` to pass the write.
+    Disk,
+}
+
+impl Durability {
+    pub fn parse(s: &str) -> Result<Durability, String> {
+        match s {
+            "memory" => Ok(Durability::Memory),
+            "disk" => Ok(Durability::Disk),
+            other => Err(format!("durability = \"{other}\": expected \"memory\" or \"disk\"")),
+        }
+    }
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Durability::Memory => "memory",
+            Durability::Disk => "disk",
+        }
+    }
+}
+
 /// Counter ids (index into `counters`).
 pub const COUNTER_APPENDS: usize = 0;
 pub const COUNTER_FLOW_WAITS: usize = 1;
 pub const COUNTER_SEGMENTS_FLUSHED: usize = 2;
 pub const COUNTER_RPC_COPIES: usize = 3;
-pub const COUNTER_NAMES: [&str; 4] = ["appends", "flow_waits", "segments_flushed", "rpc_copies"];
+/// `Durability::Disk`: fdatasync rounds of a backup's syncer (each covers
+/// every record that arrived since the previous one).
+pub const COUNTER_SYNCS: usize = 4;
+pub const COUNTER_NAMES: [&str; 5] = ["appends", "flow_waits", "segments_flushed", "rpc_copies", "syncs"];
+const _: () = assert!(COUNTER_NAMES.len() == COUNTER_SYNCS + 1, "a name per counter id");
 
 /// Column handles of the replica row.
 #[derive(Clone, Debug)]
@@ -86,12 +124,14 @@ pub struct ReplicaLayout {
     pub disk_epoch: U64Column,
     pub stopped: U64Column,
     pub snapshot_end: U64Column,
+    pub durable: U64Column,
     pub head: U64VectorColumn,
     pub counters: U64VectorColumn,
     pub areas: BytesColumn,
     pub geometry: LogGeometry,
     pub members: usize,
     pub completion: Completion,
+    pub durability: Durability,
 }
 
 impl ReplicaLayout {
@@ -103,15 +143,28 @@ impl ReplicaLayout {
     /// The layout with an explicit completion rule (tcp: `Echo`). The rule
     /// is part of the layout tag, so members that disagree fail to join.
     pub fn with_completion(members: usize, geometry: LogGeometry, mode: &str, completion: Completion) -> ReplicaLayout {
+        ReplicaLayout::with_durability(members, geometry, mode, completion, Durability::Memory)
+    }
+
+    /// The layout with explicit completion and durability rules; both are
+    /// part of the layout tag, so members that disagree fail to join.
+    pub fn with_durability(
+        members: usize,
+        geometry: LogGeometry,
+        mode: &str,
+        completion: Completion,
+        durability: Durability,
+    ) -> ReplicaLayout {
         assert!(
             (2..=spindle_fabric::MEMBERS_MAX).contains(&members),
             "members {members}"
         );
         let mut b = LayoutBuilder::new(&format!(
-            "replica members={members} mode={mode} segment_bytes={} segments={} completion={}",
+            "replica members={members} mode={mode} segment_bytes={} segments={} completion={} durability={}",
             geometry.segment_bytes,
             geometry.segments_max,
-            completion.as_str()
+            completion.as_str(),
+            durability.as_str()
         ));
         let epoch = b.u64("epoch");
         let role = b.u64("role");
@@ -124,6 +177,7 @@ impl ReplicaLayout {
         b.cache_line_break();
         let stopped = b.u64("stopped");
         let snapshot_end = b.u64("snapshot_end");
+        let durable = b.u64("durable");
         b.cache_line_break();
         let head = b.u64_vector("head", members);
         b.cache_line_break();
@@ -131,6 +185,12 @@ impl ReplicaLayout {
         let areas = b.bytes("areas", members * geometry.area_bytes());
         let row = b.build();
         assert!(areas.offset().is_multiple_of(64), "areas are cache-line aligned");
+        assert_eq!(
+            durable.offset() / 64,
+            stopped.offset() / 64,
+            "durable shares line 1 with stopped (the diagram)"
+        );
+        assert!(durable.offset().is_multiple_of(8), "durable is an aligned u64");
         ReplicaLayout {
             row,
             epoch,
@@ -143,12 +203,14 @@ impl ReplicaLayout {
             disk_epoch,
             stopped,
             snapshot_end,
+            durable,
             head,
             counters,
             areas,
             geometry,
             members,
             completion,
+            durability,
         }
     }
 

@@ -9,7 +9,11 @@
 //! segments to disk in the background with fsync, holding a bounded ring
 //! of segments in memory ([`backup`]). The same store runs with a
 //! two-sided RPC baseline ([`master::Mode::Rpc`]) so the two can be
-//! measured side by side, as in the RAMCloud seed.
+//! measured side by side, as in the RAMCloud seed. With
+//! [`layout::Durability::Disk`] a write is acknowledged only once every
+//! backup has it on disk: each backup's syncer writes and fdatasyncs what
+//! arrived since its last round (group commit) and publishes how far its
+//! disk reaches ([`backup`]).
 //!
 //! Every part is generic over the fabric: on shm a push is the
 //! completion; on tcp one-sided writes complete by a backup's echo of the
@@ -36,7 +40,7 @@
 //!
 //! Sans-IO parts (no threads, sockets or clocks): [`record`], [`log`],
 //! [`replay`], [`store`], [`resp`], [`command`], [`keyspace`], [`linearizability`],
-//! [`config`]. Runtime parts: [`master`], [`backup`], [`disk`], [`node`],
+//! [`config`], the echo and disk-syncer steps ([`echo`], [`durable`]). Runtime parts: [`master`], [`backup`], [`disk`], [`node`],
 //! [`server`].
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -44,6 +48,7 @@ pub mod backup;
 pub mod command;
 pub mod config;
 pub mod disk;
+pub mod durable;
 pub mod echo;
 pub mod keyspace;
 pub mod layout;

@@ -18,16 +18,24 @@
 //! **RPC** (`Mode::Rpc`): the same copy into area `b` is the request; the
 //! backup's thread copies it into its own log and stores its own
 //! `head[me]` (the reply); the master waits for every reply.
+//!
+//! **Disk durability** ([`Durability::Disk`], either mode, any fabric): a
+//! write is acknowledged only once every backup's `durable` position (its
+//! syncer's fdatasync) has passed it. With group commit the master
+//! publishes the guard once per batch, when it starts waiting
+//! ([`Master::complete`]), so a backup syncs a batch in one round.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use spindle_fabric::{Fabric, PeerSet};
-use spindle_runtime::monotonic_coarse_ns;
+use spindle_runtime::{monotonic_coarse_ns, IdleStrategy, Idler};
 
 use crate::command::Replicator;
-use crate::layout::{Completion, ReplicaLayout, COUNTER_APPENDS, COUNTER_FLOW_WAITS, ROLE_MASTER, ROLE_STOPPED};
+use crate::layout::{
+    Completion, Durability, ReplicaLayout, COUNTER_APPENDS, COUNTER_FLOW_WAITS, ROLE_MASTER, ROLE_STOPPED,
+};
 use crate::record::{encode_into, encoded_len, RecordFields, RecordKind, HEADER_BYTES, KEY_BYTES_MAX};
 
 /// How records reach the backups.
@@ -59,6 +67,17 @@ impl Mode {
 /// (an fsync on a busy disk can take seconds) before failing the write.
 pub const STALL_NS_MAX: u64 = 60_000_000_000;
 
+/// How the master idles while it waits for the backups' fdatasync
+/// (`Durability::Disk`): a sync takes from microseconds (page cache, tmpfs)
+/// to milliseconds, so spin briefly, then park on the doorbell (the
+/// syncers ring it); a park never lasts longer than 1 ms (a lost ring
+/// costs at most that).
+const DURABLE_WAIT_IDLE: IdleStrategy = IdleStrategy::Backoff {
+    spins: 1_000,
+    yields: 20,
+    park: Duration::from_millis(1),
+};
+
 /// Is member `rank` alive? (A crashed backup is dropped from the set.)
 pub type Liveness = Box<dyn Fn(usize) -> bool + Send>;
 
@@ -80,6 +99,12 @@ pub struct Master<F: Fabric> {
     /// caller waits once with [`Master::complete`] before it reports any
     /// of them.
     deferred: bool,
+    /// Disk durability with group commit: appends whose guard is not
+    /// published yet ([`Master::complete`] publishes it).
+    guard_pending: bool,
+    /// Disk durability: the log position every backup has on disk, as
+    /// far as the master has waited for it.
+    acknowledged: u64,
 }
 
 impl<F: Fabric> Master<F> {
@@ -107,6 +132,8 @@ impl<F: Fabric> Master<F> {
             alive,
             stall_ns_max: STALL_NS_MAX,
             deferred: false,
+            guard_pending: false,
+            acknowledged: 0,
         };
         master.begin_epoch(epoch, backups)?;
         Ok(master)
@@ -139,6 +166,8 @@ impl<F: Fabric> Master<F> {
         self.epoch = epoch;
         self.backups = backups;
         self.head = 0;
+        self.guard_pending = false;
+        self.acknowledged = 0;
         self.wait_backups_ready()
     }
 
@@ -147,6 +176,8 @@ impl<F: Fabric> Master<F> {
     /// `final_stop` the role becomes *stopped*: backups then exit instead
     /// of waiting for a next epoch.
     pub fn end_epoch(&mut self, final_stop: bool) -> Result<(), String> {
+        // Backups seal up to the guard: publish it first.
+        self.publish_pending_guard()?;
         let me = self.fabric.member_rank();
         let layout = &self.layout;
         let row = self.fabric.row(me);
@@ -274,6 +305,9 @@ impl<F: Fabric> Master<F> {
     pub fn mode(&self) -> Mode {
         self.mode
     }
+    pub fn durability(&self) -> Durability {
+        self.layout.durability
+    }
     /// Appends that had to wait for a backup (flow control or rpc reply).
     pub fn flow_waits(&self) -> u64 {
         let row = self.fabric.row(self.fabric.member_rank());
@@ -297,6 +331,12 @@ impl<F: Fabric> Master<F> {
                 .copied()
                 .find(|b| !geometry.writable(end, self.fabric.row(*b).u64_at(cell).load(Ordering::Acquire)));
             let Some(b) = blocked else { return Ok(()) };
+            if self.is_disk() && spins == 0 {
+                // The syncers free slots only up to the guard they see
+                // (group commit may hold it back): publish it, wake them.
+                self.publish_pending_guard()?;
+                self.fabric.doorbell().ring();
+            }
             if let Err(waited_s) = self.stall(b, &mut spins, &mut started) {
                 let flushed = self.fabric.row(b).u64_at(cell).load(Ordering::Acquire);
                 return Err(format!(
@@ -359,29 +399,108 @@ impl<F: Fabric> Master<F> {
         }
     }
 
-    fn publish(&self, new_head: u64, range_from: u64) -> Result<(), String> {
-        let me = self.fabric.member_rank();
-        let row = self.fabric.row(me);
+    /// Push the record's bytes to every backup, then the guard `new_head`
+    /// — except with disk durability and group commit, where the guard
+    /// waits for [`Master::complete`] (one sync round per batch).
+    fn publish(&mut self, new_head: u64, range_from: u64) -> Result<(), String> {
+        let guard_now = !(self.deferred && self.is_disk());
         for &b in &self.backups {
             let at = self.layout.area_offset(b, range_from);
             let end = self.layout.area_offset(b, new_head - 1) + 1;
-            let peer = PeerSet(1 << b);
             if end > at {
-                self.fabric.push(at..end, peer).map_err(|e| e.to_string())?;
+                self.fabric.push(at..end, PeerSet(1 << b)).map_err(|e| e.to_string())?;
             }
-            // Partner: the Acquire load of head[b] by backup b (flusher,
-            // rpc copier, seal). Store after the bytes, push after them.
-            row.u64_at(self.layout.head.offset(b))
-                .store(new_head, Ordering::Release);
-            let cell = self.layout.head.offset(b);
-            self.fabric.push(cell..cell + 8, peer).map_err(|e| e.to_string())?;
+            if guard_now {
+                self.publish_guard(b, new_head)?;
+            }
         }
+        self.guard_pending = !guard_now;
+        Ok(())
+    }
+
+    /// Store and push `head[b] = guard` (after the bytes below it).
+    fn publish_guard(&self, b: usize, guard: u64) -> Result<(), String> {
+        let row = self.fabric.row(self.fabric.member_rank());
+        let cell = self.layout.head.offset(b);
+        // Partner: the Acquire load of head[b] by backup b (flusher,
+        // syncer, rpc copier, echo, seal). Store after the bytes, push
+        // after them.
+        row.u64_at(cell).store(guard, Ordering::Release);
+        self.fabric
+            .push(cell..cell + 8, PeerSet(1 << b))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Publish the guard of appends made with group commit (disk).
+    fn publish_pending_guard(&mut self) -> Result<(), String> {
+        if !self.guard_pending {
+            return Ok(());
+        }
+        for &b in &self.backups {
+            self.publish_guard(b, self.head)?;
+        }
+        self.guard_pending = false;
+        Ok(())
+    }
+
+    fn is_disk(&self) -> bool {
+        self.layout.durability == Durability::Disk
+    }
+
+    /// Disk durability: wait until every backup's `durable` position has
+    /// reached `head`: spin briefly, then park on the doorbell, which the
+    /// syncers ring after publishing (bounded parks). A dead backup is
+    /// dropped (the live ones have the write on disk); with none left, or
+    /// a live one that syncs nothing for `stall_ns_max`, the write fails.
+    fn wait_durable(&mut self, head: u64) -> Result<(), String> {
+        // Wake parked syncers (tcp: send the guard pushed above now).
+        self.fabric.doorbell().ring();
+        let cell = self.layout.durable.offset();
+        let mut idler = Idler::new(DURABLE_WAIT_IDLE);
+        let mut parks_checked = 0;
+        let started = monotonic_coarse_ns();
+        let mut i = 0;
+        while i < self.backups.len() {
+            let b = self.backups[i];
+            // Partner: the Release store of `durable` in the backup's
+            // syncer (`Shared::sync`), after its fdatasync.
+            let durable = |m: &Self| m.fabric.row(b).u64_at(cell).load(Ordering::Acquire);
+            if durable(self) >= head {
+                i += 1;
+                continue;
+            }
+            if idler.parks > parks_checked {
+                // At most once per park (≤ 1 ms): a liveness check can
+                // be a system call.
+                parks_checked = idler.parks;
+                if !(self.alive)(b) {
+                    self.backups.remove(i);
+                    continue;
+                }
+                if monotonic_coarse_ns() - started > self.stall_ns_max {
+                    return Err(format!(
+                        "backup {b} is alive but synced nothing to disk for {} s (durable at {}, the write ends at {head})",
+                        self.stall_ns_max / 1_000_000_000,
+                        durable(self)
+                    ));
+                }
+            }
+            idler.idle(0, self.fabric.doorbell(), || durable(self) >= head);
+        }
+        if self.backups.is_empty() {
+            // Every backup died before syncing: the write is on no disk.
+            return Err("no live backup left: the write is on no backup's disk, so it is not acknowledged".into());
+        }
+        self.acknowledged = head;
         Ok(())
     }
 
     /// RPC mode: wait until every backup replied (copied up to `head`);
     /// one-sided with `Completion::Echo`: until every echo reached `head`.
     fn wait_replies(&mut self, head: u64) -> Result<(), String> {
+        if self.is_disk() {
+            return self.wait_durable(head);
+        }
         let mut i = 0;
         let mut spins = 0u32;
         let mut started = 0u64;
@@ -477,10 +596,10 @@ impl<F: Fabric> Master<F> {
         Ok(())
     }
 
-    /// Whether an append completes only when backups answer (rpc, or
-    /// one-sided with `Completion::Echo`).
+    /// Whether an append completes only when backups answer (rpc,
+    /// one-sided with `Completion::Echo`, or disk durability).
     fn waits_for_backups(&self) -> bool {
-        self.mode == Mode::Rpc || self.layout.completion == Completion::Echo
+        self.mode == Mode::Rpc || self.layout.completion == Completion::Echo || self.is_disk()
     }
 
     /// Group commit on or off. On, an append returns once its record is
@@ -488,13 +607,25 @@ impl<F: Fabric> Master<F> {
     /// echoes; [`Master::complete`] then waits once for all of them. The
     /// caller must not report any of those appends (nor let anyone else
     /// read their effects) before `complete` returns. No effect on shm
-    /// one-sided, where a push is already the completion.
+    /// one-sided with memory durability, where a push is already the
+    /// completion. With disk durability the guard, too, waits for
+    /// `complete`: the backups then sync the whole batch in one round.
     pub fn set_deferred(&mut self, on: bool) {
         self.deferred = on;
     }
 
-    /// Wait until every backup has everything appended so far.
+    /// Wait until every backup has everything appended so far (disk
+    /// durability: on its disk).
     pub fn complete(&mut self) -> Result<(), String> {
+        self.publish_pending_guard()?;
+        if self.is_disk() {
+            // Even with no backup left: a write past `acknowledged` is
+            // on no disk yet (an error then).
+            if self.head > self.acknowledged {
+                return self.wait_durable(self.head);
+            }
+            return Ok(());
+        }
         if self.waits_for_backups() && !self.backups.is_empty() {
             self.wait_replies(self.head)?;
         }

@@ -40,7 +40,7 @@ use spindle_runtime::{monotonic_coarse_ns, IdleStrategy};
 
 use crate::backup::Backup;
 use crate::disk::SegmentDisk;
-use crate::layout::{Completion, ReplicaLayout, ROLE_MASTER, ROLE_STOPPED};
+use crate::layout::{Completion, Durability, ReplicaLayout, ROLE_MASTER, ROLE_STOPPED};
 use crate::log::LogGeometry;
 use crate::master::{Master, Mode};
 use crate::record::{RecordKind, HEADER_BYTES};
@@ -78,7 +78,7 @@ pub struct NodeConfig {
     /// Each member keeps its segments in `<data_dir>/member-<rank>`; what
     /// is there at open is recovered (restart after a total stop).
     pub data_dir: PathBuf,
-    /// How the rpc copier (and the tcp echo thread) idles.
+    /// How the rpc copier, the tcp echo thread and the disk syncer idle.
     pub idle: IdleStrategy,
     pub join_timeout: Duration,
 }
@@ -184,10 +184,23 @@ enum Seen {
 }
 
 impl Node<ShmFabric> {
-    /// Open the group's shm file as `rank` and wait for every member.
+    /// Open the group's shm file as `rank` and wait for every member
+    /// (memory durability).
     pub fn open(config: NodeConfig, rank: usize) -> Result<Node<ShmFabric>, String> {
+        Node::open_with(config, rank, Durability::Memory)
+    }
+
+    /// As [`Node::open`], acknowledging writes as `durability` says
+    /// (every member must say the same: it is part of the layout tag).
+    pub fn open_with(config: NodeConfig, rank: usize, durability: Durability) -> Result<Node<ShmFabric>, String> {
         config.geometry.validate(config.value_bytes_max)?;
-        let layout = ReplicaLayout::new(config.members, config.geometry, config.mode.as_str());
+        let layout = ReplicaLayout::with_durability(
+            config.members,
+            config.geometry,
+            config.mode.as_str(),
+            Completion::Push,
+            durability,
+        );
         let mut options = ShmOptions::new(
             &config.group,
             config.members,
@@ -222,6 +235,19 @@ impl Node<TcpFabric> {
         key: Vec<u8>,
         listener: Option<std::net::TcpListener>,
     ) -> Result<Node<TcpFabric>, String> {
+        Node::open_tcp_with(config, rank, addresses, key, listener, Durability::Memory)
+    }
+
+    /// As [`Node::open_tcp_on`], acknowledging writes as `durability`
+    /// says (every member must say the same).
+    pub fn open_tcp_with(
+        config: NodeConfig,
+        rank: usize,
+        addresses: Vec<std::net::SocketAddr>,
+        key: Vec<u8>,
+        listener: Option<std::net::TcpListener>,
+        durability: Durability,
+    ) -> Result<Node<TcpFabric>, String> {
         config.geometry.validate(config.value_bytes_max)?;
         if addresses.len() != config.members {
             return Err(format!(
@@ -230,8 +256,13 @@ impl Node<TcpFabric> {
                 config.members
             ));
         }
-        let layout =
-            ReplicaLayout::with_completion(config.members, config.geometry, config.mode.as_str(), Completion::Echo);
+        let layout = ReplicaLayout::with_durability(
+            config.members,
+            config.geometry,
+            config.mode.as_str(),
+            Completion::Echo,
+            durability,
+        );
         let mut options = TcpOptions::new(
             &config.group,
             layout.row.row_len_bytes(),
@@ -511,7 +542,12 @@ impl<F: Membership> Leader<F> {
     /// Re-append every live object and the `SnapshotDone` marker: the
     /// start of every epoch's log.
     fn write_snapshot(&mut self) -> Result<(), String> {
-        for (key, object) in self.objects.iter() {
+        // Disk durability: group commit for the whole snapshot (one sync
+        // round per flow-control wait, not one per object); the marker's
+        // append waits for all of it.
+        let deferred = self.master.durability() == Durability::Disk;
+        self.master.set_deferred(deferred);
+        let appended = self.objects.iter().try_for_each(|(key, object)| {
             self.master
                 .append_record(RecordKind::Put, key, &object.value, object.version)?;
             if object.expires_at_ms != 0 {
@@ -519,7 +555,10 @@ impl<F: Membership> Leader<F> {
                 self.master
                     .append_record(RecordKind::Expire, key, &at, object.version)?;
             }
-        }
+            Ok::<(), String>(())
+        });
+        self.master.set_deferred(false);
+        appended?;
         self.master.append_snapshot_done(self.objects.version_max())
     }
 
