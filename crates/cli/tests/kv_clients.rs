@@ -12,36 +12,17 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output as ProcessOutput, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::kv::reserve_port;
 use spindle_bench::cluster::{Cluster, Output};
 
 /// How long a test waits for a line from the supervisor.
 const LINE_WAIT: Duration = Duration::from_secs(60);
 /// How long one client program may run.
 const CLIENT_WAIT: Duration = Duration::from_secs(300);
-
-/// A port below the kernel's ephemeral range (which neither `connect`
-/// nor `bind(0)` hands out), distinct within this process, that nothing
-/// listens on now.
-fn reserve_port() -> u16 {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|t| t.split_whitespace().next().and_then(|w| w.parse::<u16>().ok()))
-        .unwrap_or(32768);
-    let span = 8000u16.min(low - 1024);
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let start = (std::process::id() % span as u32) as u16;
-    for _ in 0..span {
-        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed) + 4000) % span;
-        let port = low - span + offset;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port below the ephemeral range {low}");
-}
 
 /// A running `spindle kv serve` (shm, 2 backups), stopped on drop.
 struct Service {
@@ -54,7 +35,7 @@ impl Service {
     /// A service with `config` lines in its configuration file.
     fn start(config: &str) -> Service {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let port = reserve_port();
+        let port = reserve_port(4000);
         let config_path = dir.path().join("kv.conf");
         std::fs::write(&config_path, config).unwrap();
         let group = format!("kvc-{}-{port}", std::process::id());

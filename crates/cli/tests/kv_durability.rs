@@ -19,12 +19,14 @@
 //! disk here, so `fdatasync` is real), `SPINDLE_DURABILITY_JSON` a file to
 //! write the outcome to (bench/results/kv-durability-killall.json).
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::kv::{read_reply, send_requests};
 use spindle_bench::cluster::{signal_pid, Cluster, Output};
 
 /// How long the test waits for a line from the supervisor, a connection
@@ -172,54 +174,13 @@ impl Resp {
     }
 
     fn send(&mut self, requests: &[Vec<&[u8]>]) -> std::io::Result<()> {
-        let mut out = Vec::new();
-        for args in requests {
-            out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-            for a in args {
-                out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-                out.extend_from_slice(a);
-                out.extend_from_slice(b"\r\n");
-            }
-        }
-        self.stream.write_all(&out)
+        let requests: Vec<&[&[u8]]> = requests.iter().map(Vec::as_slice).collect();
+        send_requests(&mut self.stream, &requests)
     }
 
-    /// One reply: a simple string, error or integer as `+…`/`-…`/`:…`, a
-    /// bulk string as its text, a null as `nil`.
+    /// One reply (see `common::kv::parse_reply`).
     fn reply(&mut self) -> std::io::Result<String> {
-        loop {
-            if let Some((text, used)) = parse_reply(&self.buf) {
-                self.buf.drain(..used);
-                return Ok(text);
-            }
-            let mut chunk = [0u8; 4096];
-            let n = self.stream.read(&mut chunk)?;
-            if n == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed"));
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-}
-
-fn parse_reply(b: &[u8]) -> Option<(String, usize)> {
-    let line_end = b.windows(2).position(|w| w == b"\r\n")?;
-    let line = std::str::from_utf8(&b[1..line_end]).ok()?;
-    let after = line_end + 2;
-    match b.first()? {
-        b'+' | b'-' | b':' => Some((format!("{}{line}", b[0] as char), after)),
-        b'$' => {
-            let len: i64 = line.parse().ok()?;
-            if len < 0 {
-                return Some(("nil".into(), after));
-            }
-            let end = after + len as usize;
-            if b.len() < end + 2 {
-                return None;
-            }
-            Some((String::from_utf8_lossy(&b[after..end]).into_owned(), end + 2))
-        }
-        _ => panic!("unexpected reply {:?}", String::from_utf8_lossy(b)),
+        read_reply(&mut self.stream, &mut self.buf)
     }
 }
 

@@ -6,13 +6,16 @@
 //! data directory after a clean stop.
 
 use std::cell::RefCell;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::process::Command;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::kv::{read_reply, reserve_port, send_requests};
 use spindle_bench::cluster::{signal_pid, Cluster, Output};
 use spindle_replica::linearizability::{check, Op, OpKind, OpResult};
 
@@ -31,36 +34,6 @@ struct Service {
 
 /// How long a test waits for a line from the supervisor.
 const LINE_WAIT: Duration = Duration::from_secs(60);
-
-/// A port for a service or one of its tcp members: below the kernel's
-/// ephemeral range, distinct within this process, free now.
-///
-/// Not `bind(0)`: the port it returns is free only until it is dropped,
-/// and it lies in the ephemeral range, where every outgoing connection
-/// of this machine (these tests' clients, the tcp members dialling each
-/// other, other tests running beside them) takes its source port. The
-/// tcp tests used to run their members on `port + 1 …` next to such a
-/// port: now and then a connection had taken one of them, that member
-/// failed to bind and exited, the others gave up joining after their
-/// 30 s join timeout and the test failed (`history_across_a_failover_is_
-/// linearizable_tcp`, about 30 s into the run). Ports below the
-/// ephemeral range are never handed out by the kernel.
-fn reserve_port() -> u16 {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|t| t.split_whitespace().next().and_then(|w| w.parse::<u16>().ok()))
-        .unwrap_or(32768);
-    let span = 8000u16.min(low - 1024);
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let start = (std::process::id() % span as u32) as u16;
-    for _ in 0..span {
-        let port = low - span + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port below the ephemeral range {low}");
-}
 
 impl Service {
     fn start(backups: usize, mode: &str) -> Service {
@@ -81,7 +54,7 @@ impl Service {
         dir: Option<tempfile::TempDir>,
     ) -> Service {
         static N: AtomicU64 = AtomicU64::new(0);
-        let port = reserve_port();
+        let port = reserve_port(0);
         let group = format!("kvt-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
         let spares: usize = extra
             .iter()
@@ -101,7 +74,7 @@ impl Service {
         if extra.windows(2).any(|w| w == ["--transport", "tcp"]) {
             // The members' ports too (not port + 1 …: see `reserve_port`).
             let peers: Vec<String> = (0..backups + 1 + spares)
-                .map(|_| format!("127.0.0.1:{}", reserve_port()))
+                .map(|_| format!("127.0.0.1:{}", reserve_port(0)))
                 .collect();
             let config = data_dir.join(format!("{group}-peers.conf"));
             std::fs::create_dir_all(data_dir).unwrap();
@@ -185,67 +158,18 @@ impl Resp {
     }
 
     fn send(&mut self, args: &[&[u8]]) -> std::io::Result<()> {
-        let mut req = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            req.extend_from_slice(a);
-            req.extend_from_slice(b"\r\n");
-        }
-        self.stream.write_all(&req)
+        send_requests(&mut self.stream, &[args])
     }
 
     /// One reply, as text (arrays flattened: `[a,b,nil]`).
     fn reply(&mut self) -> std::io::Result<String> {
-        loop {
-            if let Some((text, used)) = parse_reply(&self.buf) {
-                self.buf.drain(..used);
-                return Ok(text);
-            }
-            let mut chunk = [0u8; 4096];
-            let n = self.stream.read(&mut chunk)?;
-            if n == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed"));
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
+        read_reply(&mut self.stream, &mut self.buf)
     }
 
     fn call(&mut self, args: &[&str]) -> std::io::Result<String> {
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
         self.send(&args)?;
         self.reply()
-    }
-}
-
-fn parse_reply(b: &[u8]) -> Option<(String, usize)> {
-    let line_end = b.windows(2).position(|w| w == b"\r\n")?;
-    let line = std::str::from_utf8(&b[1..line_end]).ok()?;
-    let after = line_end + 2;
-    match b.first()? {
-        b'+' | b'-' | b':' => Some((format!("{}{line}", b[0] as char), after)),
-        b'$' => {
-            let len: i64 = line.parse().ok()?;
-            if len < 0 {
-                return Some(("nil".into(), after));
-            }
-            let end = after + len as usize;
-            if b.len() < end + 2 {
-                return None;
-            }
-            Some((String::from_utf8_lossy(&b[after..end]).into_owned(), end + 2))
-        }
-        b'*' => {
-            let n: usize = line.parse().ok()?;
-            let mut at = after;
-            let mut items = Vec::new();
-            for _ in 0..n {
-                let (item, used) = parse_reply(&b[at..])?;
-                items.push(item);
-                at += used;
-            }
-            Some((format!("[{}]", items.join(",")), at))
-        }
-        _ => Some((format!("?{line}"), after)),
     }
 }
 

@@ -3,6 +3,8 @@
 
 use std::process::{Command, Output, Stdio};
 
+pub mod kv;
+
 /// The `spindle` binary built for these tests.
 pub fn spindle() -> Command {
     Command::new(env!("CARGO_BIN_EXE_spindle"))
