@@ -21,6 +21,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -538,20 +539,43 @@ pub fn read_results<T: serde::de::DeserializeOwned>(
         .collect()
 }
 
-/// The first of `n` consecutive free loopback ports (bound and released).
+/// The first of `n` consecutive free loopback ports, below the kernel's
+/// ephemeral range.
+///
+/// Not `bind(0)`: a port it returns lies in the ephemeral range, where
+/// every outgoing connection of the machine (the members dialling each
+/// other, tests beside them) takes its source port, so it can be taken
+/// between the check and the member's own bind; a member that cannot
+/// bind fails its group. Ports below the range are never handed out by
+/// the kernel. Calls in one process never return the same ports.
 pub fn free_ports(n: u16) -> Result<u16, String> {
-    for _ in 0..50 {
-        let first = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-        let base = first.local_addr().map_err(|e| e.to_string())?.port();
-        if base > 65000 - n {
-            continue;
-        }
-        let rest: Vec<_> = (1..n).map(|i| TcpListener::bind(("127.0.0.1", base + i))).collect();
-        if rest.iter().all(|r| r.is_ok()) {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    assert!(n > 0, "free_ports needs at least one port");
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next().and_then(|w| w.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    // Ports from 10000 up to the ephemeral range (rounded to runs of n).
+    let floor = 10_000u16.min(low.saturating_sub(n * 2));
+    let runs = (low - floor) / n;
+    if runs == 0 {
+        return Err(format!("no room for {n} ports below the ephemeral range ({low}..)"));
+    }
+    let start = (std::process::id() % runs as u32) as u16;
+    for _ in 0..runs.min(2000) {
+        let run = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % runs;
+        let base = floor + run * n;
+        let bound: Vec<_> = (0..n).map(|i| TcpListener::bind(("127.0.0.1", base + i))).collect();
+        if bound.iter().all(|r| r.is_ok()) {
             return Ok(base);
         }
     }
-    Err(format!("found no {n} consecutive free loopback ports"))
+    Err(format!("found no {n} consecutive free loopback ports below {low}"))
+}
+
+/// One free loopback port below the ephemeral range (see [`free_ports`]).
+pub fn free_port() -> Result<u16, String> {
+    free_ports(1)
 }
 
 #[cfg(test)]

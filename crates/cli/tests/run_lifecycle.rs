@@ -19,7 +19,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
@@ -40,9 +39,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn free_ports(n: usize) -> Vec<u16> {
-    // Hold every listener until all are picked, so the ports differ.
-    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    let base = spindle_bench::cluster::free_ports(n as u16).expect("free loopback ports");
+    (base..base + n as u16).collect()
 }
 
 /// A group file for `members` members on loopback, with a fresh key.

@@ -8,7 +8,7 @@
 mod common;
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -20,7 +20,7 @@ use common::{spindle, text};
 const STALL_MAX: Duration = Duration::from_secs(60);
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    spindle_bench::cluster::free_port().expect("a free loopback port")
 }
 
 fn write_group(dir: &Path, group: &str, ports: &[u16]) -> std::path::PathBuf {

@@ -28,7 +28,7 @@ fn text(o: &Output) -> String {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    spindle_bench::cluster::free_port().expect("a free loopback port")
 }
 
 fn write_key(dir: &Path, name: &str, key: &str) {
