@@ -266,15 +266,33 @@ impl<F: Fabric> GroupCore<F> {
     /// even (pushed alone). Bytes of one push may land in any order, but
     /// pushes land in order, so a reader that saw any new field sees an
     /// odd or newer version after it ([`Self::read_row`]).
+    ///
+    /// The odd and the even version go out **alone** (the version word,
+    /// not the lines): a peer that missed earlier pushes (it was
+    /// suspected, so pushes skipped it) must not get fields it never saw
+    /// in the same push as the version, where its bytes could land before
+    /// the version's and pass for consistent. Found by the simulator (seed
+    /// 32445: a removed member read `installed` of the next view with the
+    /// old `members` and took itself for a member of that view: split
+    /// brain).
     fn update(&mut self, write: impl FnOnce(&mut Self)) -> Result<(), FabricError> {
         let version = self.p_load(self.my_rank, P_VERSION);
         debug_assert!(version.is_multiple_of(2), "membership seqlock: nested update");
         self.p_store(P_VERSION, version + 1);
-        self.push_membership()?;
+        self.push_version()?;
         write(self);
         self.push_membership()?;
         self.p_store(P_VERSION, version + 2);
-        self.push_membership()
+        self.push_version()
+    }
+
+    /// Push the seqlock's version word alone (see [`Self::update`]).
+    fn push_version(&self) -> Result<(), FabricError> {
+        let peers = PeerSet(self.everyone.0 & !self.mship.suspected);
+        let off = self.layout.proposal(P_VERSION);
+        self.fabric.push(off..off + 8, peers)?;
+        self.fabric.doorbell().ring();
+        Ok(())
     }
 
     /// `rank`'s membership lines, if they were not being rewritten.
@@ -744,6 +762,10 @@ impl<F: Fabric> GroupCore<F> {
             c.m_store(M_REQUEST, request);
         })?;
         self.mship.suspected = 0;
+        // The members suspected in the old view missed this view's pushes:
+        // bring them up to date under the seqlock (a plain push would hand
+        // them new fields and the new version in one push).
+        self.update(|_| {})?;
         self.mship.wedged = false;
         self.mship.committed = false;
         self.mship.held = None;
