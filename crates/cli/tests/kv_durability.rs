@@ -19,14 +19,14 @@
 //! disk here, so `fdatasync` is real), `SPINDLE_DURABILITY_JSON` a file to
 //! write the outcome to (bench/results/kv-durability-killall.json).
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::kv::{read_reply, send_requests};
+use common::kv::Resp;
 use spindle_bench::cluster::{signal_pid, Cluster, Output};
 
 /// How long the test waits for a line from the supervisor, a connection
@@ -149,41 +149,6 @@ impl Service {
     }
 }
 
-/// A raw RESP connection.
-struct Resp {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Resp {
-    fn connect(port: u16) -> Resp {
-        let started = Instant::now();
-        loop {
-            match TcpStream::connect(("127.0.0.1", port)) {
-                Ok(stream) => {
-                    stream.set_read_timeout(Some(WAIT)).unwrap();
-                    return Resp {
-                        stream,
-                        buf: Vec::new(),
-                    };
-                }
-                Err(e) if started.elapsed() > WAIT => panic!("connect: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(10)),
-            }
-        }
-    }
-
-    fn send(&mut self, requests: &[Vec<&[u8]>]) -> std::io::Result<()> {
-        let requests: Vec<&[&[u8]]> = requests.iter().map(Vec::as_slice).collect();
-        send_requests(&mut self.stream, &requests)
-    }
-
-    /// One reply (see `common::kv::parse_reply`).
-    fn reply(&mut self) -> std::io::Result<String> {
-        read_reply(&mut self.stream, &mut self.buf)
-    }
-}
-
 fn key(round: usize, i: usize) -> String {
     format!("r{round}-k{i}")
 }
@@ -196,7 +161,7 @@ fn value(round: usize, i: usize, seed: u64) -> String {
 /// depth (1..=16) until the service goes away; returns when each write
 /// was acknowledged, in order (writes are acknowledged in order).
 fn write_until_killed(port: u16, round: usize, seed: u64, acked: Arc<Mutex<Vec<Instant>>>) {
-    let mut c = Resp::connect(port);
+    let mut c = Resp::connect(port, WAIT, WAIT);
     let mut rng = Rng(seed ^ (round as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut next = 0;
     loop {
@@ -209,7 +174,9 @@ fn write_until_killed(port: u16, round: usize, seed: u64, acked: Arc<Mutex<Vec<I
             .zip(&values)
             .map(|(k, v)| vec![&b"SET"[..], k.as_bytes(), v.as_bytes()])
             .collect();
-        if c.send(&requests).is_err() {
+        if c.send_pipeline(&requests.iter().map(Vec::as_slice).collect::<Vec<_>>())
+            .is_err()
+        {
             return;
         }
         for _ in 0..depth {
@@ -235,7 +202,7 @@ struct RoundLoss {
 /// each round lost (asserting that the lost writes are a suffix of the
 /// round's acknowledged writes, and that nothing reads back wrong).
 fn read_back(port: u16, seed: u64, rounds: &[(Vec<Instant>, Instant)], first_round: usize) -> Vec<RoundLoss> {
-    let mut c = Resp::connect(port);
+    let mut c = Resp::connect(port, WAIT, WAIT);
     let mut losses = Vec::new();
     for (offset, (acked, killed_at)) in rounds.iter().enumerate() {
         let round = first_round + offset;
@@ -244,7 +211,8 @@ fn read_back(port: u16, seed: u64, rounds: &[(Vec<Instant>, Instant)], first_rou
             let chunk_end = (chunk_start + 256).min(acked.len());
             let keys: Vec<String> = (chunk_start..chunk_end).map(|i| key(round, i)).collect();
             let requests: Vec<Vec<&[u8]>> = keys.iter().map(|k| vec![&b"GET"[..], k.as_bytes()]).collect();
-            c.send(&requests).expect("send GETs");
+            c.send_pipeline(&requests.iter().map(Vec::as_slice).collect::<Vec<_>>())
+                .expect("send GETs");
             for i in chunk_start..chunk_end {
                 let got = c.reply().expect("GET reply");
                 if got == "nil" {

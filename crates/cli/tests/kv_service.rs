@@ -7,7 +7,6 @@
 
 use std::cell::RefCell;
 use std::io::Write;
-use std::net::TcpStream;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,7 +14,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::kv::{read_reply, reserve_port, send_requests};
+use common::kv::{reserve_port, Resp};
 use spindle_bench::cluster::{signal_pid, Cluster, Output};
 use spindle_replica::linearizability::{check, Op, OpKind, OpResult};
 
@@ -34,6 +33,9 @@ struct Service {
 
 /// How long a test waits for a line from the supervisor.
 const LINE_WAIT: Duration = Duration::from_secs(60);
+/// A RESP client's read timeout, and how long it retries connecting.
+const RESP_READ_TIMEOUT: Duration = Duration::from_secs(30);
+const RESP_CONNECT_WAIT: Duration = Duration::from_secs(60);
 
 impl Service {
     fn start(backups: usize, mode: &str) -> Service {
@@ -123,53 +125,13 @@ impl Service {
     }
 
     fn connect(&self) -> Resp {
-        Resp::connect(self.port)
+        Resp::connect(self.port, RESP_READ_TIMEOUT, RESP_CONNECT_WAIT)
     }
 
     fn kill_member(&self, rank: usize) {
         // A member of this service (a child of its supervisor, which
         // reaps it: the pid is still that member's when a test kills it).
         signal_pid(self.member_pids[rank], libc::SIGKILL).unwrap_or_else(|e| panic!("kill member {rank}: {e}"));
-    }
-}
-
-/// A raw RESP connection.
-struct Resp {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Resp {
-    fn connect(port: u16) -> Resp {
-        let started = Instant::now();
-        loop {
-            match TcpStream::connect(("127.0.0.1", port)) {
-                Ok(stream) => {
-                    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-                    return Resp {
-                        stream,
-                        buf: Vec::new(),
-                    };
-                }
-                Err(e) if started.elapsed() > Duration::from_secs(60) => panic!("connect: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(10)),
-            }
-        }
-    }
-
-    fn send(&mut self, args: &[&[u8]]) -> std::io::Result<()> {
-        send_requests(&mut self.stream, &[args])
-    }
-
-    /// One reply, as text (arrays flattened: `[a,b,nil]`).
-    fn reply(&mut self) -> std::io::Result<String> {
-        read_reply(&mut self.stream, &mut self.buf)
-    }
-
-    fn call(&mut self, args: &[&str]) -> std::io::Result<String> {
-        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        self.send(&args)?;
-        self.reply()
     }
 }
 
@@ -349,7 +311,7 @@ fn linearizable_across_failover_on(mode: &str, transport: &str) {
                 rng ^= rng << 17;
                 rng
             };
-            let mut conn = Some(Resp::connect(port));
+            let mut conn = Some(Resp::connect(port, RESP_READ_TIMEOUT, RESP_CONNECT_WAIT));
             for i in 0..ops_per_client {
                 let key = format!("lin{}", next() % 3);
                 let kind = match next() % 3 {
@@ -357,7 +319,7 @@ fn linearizable_across_failover_on(mode: &str, transport: &str) {
                     1 => OpKind::Set(format!("{}", client * 100_000 + i).into_bytes()),
                     _ => OpKind::Incr,
                 };
-                let c = conn.get_or_insert_with(|| Resp::connect(port));
+                let c = conn.get_or_insert_with(|| Resp::connect(port, RESP_READ_TIMEOUT, RESP_CONNECT_WAIT));
                 let invoke_ns = started.elapsed().as_nanos() as u64;
                 let reply = match &kind {
                     OpKind::Get => c.call(&["GET", &key]),

@@ -4,6 +4,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
 
 /// A port for a service or one of its tcp members: below the kernel's
 /// ephemeral range, distinct within this process, free now. `lane`
@@ -36,6 +37,55 @@ pub fn reserve_port(lane: u16) -> u16 {
         }
     }
     panic!("no free port in {}..{low}", low - span)
+}
+
+/// A raw RESP connection.
+pub struct Resp {
+    pub stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Resp {
+    /// Connect to `127.0.0.1:port`, retrying for up to `connect_wait` (the
+    /// service may still be starting); reads time out after `read_timeout`.
+    pub fn connect(port: u16, read_timeout: Duration, connect_wait: Duration) -> Resp {
+        let started = Instant::now();
+        loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(stream) => {
+                    stream.set_read_timeout(Some(read_timeout)).unwrap();
+                    return Resp {
+                        stream,
+                        buf: Vec::new(),
+                    };
+                }
+                Err(e) if started.elapsed() > connect_wait => panic!("connect: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    /// Send one command.
+    pub fn send(&mut self, args: &[&[u8]]) -> std::io::Result<()> {
+        send_requests(&mut self.stream, &[args])
+    }
+
+    /// Send several commands as one pipeline.
+    pub fn send_pipeline(&mut self, requests: &[&[&[u8]]]) -> std::io::Result<()> {
+        send_requests(&mut self.stream, requests)
+    }
+
+    /// One reply, as text (see [`parse_reply`]).
+    pub fn reply(&mut self) -> std::io::Result<String> {
+        read_reply(&mut self.stream, &mut self.buf)
+    }
+
+    /// Send one command and read its reply.
+    pub fn call(&mut self, args: &[&str]) -> std::io::Result<String> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.send(&args)?;
+        self.reply()
+    }
 }
 
 /// Write `requests` (each a command and its arguments) as one pipeline.
