@@ -27,6 +27,7 @@ pub mod cluster;
 pub mod demo;
 pub mod failover;
 pub mod fanout;
+pub mod kv_sim;
 pub mod member;
 pub mod multicast;
 pub mod payload;

@@ -110,7 +110,7 @@ fn validate(args: &SimArgs) -> Result<Validated, String> {
 }
 
 /// `A..B` with A < B.
-fn parse_seeds(text: &str) -> Result<Range<u64>, String> {
+pub(crate) fn parse_seeds(text: &str) -> Result<Range<u64>, String> {
     let (a, b) = text
         .split_once("..")
         .ok_or_else(|| format!("--seeds '{text}': expected A..B, for example 0..1000"))?;

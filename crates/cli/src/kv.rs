@@ -33,6 +33,10 @@ pub enum KvCommand {
     /// redis-benchmark work against it). Without --config: a local store
     /// with 3 backups on shm at 127.0.0.1:6380.
     Serve(ServeArgs),
+    /// Simulate the failover (majority election, lease, epochs) with
+    /// crashes, pauses and partitions, seed by seed, checking
+    /// linearizability and that two masters never answer at once.
+    Sim(spindle_bench::kv_sim::KvSimArgs),
     /// (internal) one member process of `spindle kv serve`.
     #[command(hide = true)]
     Member(MemberArgs),
@@ -85,6 +89,7 @@ pub struct MemberArgs {
 pub fn run(command: KvCommand) -> Result<(), String> {
     match command {
         KvCommand::Serve(args) => run_serve(args),
+        KvCommand::Sim(args) => spindle_bench::kv_sim::run(args),
         KvCommand::Member(args) => run_member(args),
     }
 }

@@ -22,6 +22,8 @@
 //! memory_bytes_max = 268_435_456
 //! clients_max = 1024       # one more client is told "max number of clients reached"
 //! idle_timeout_s = 300      # close a client with no complete request for this long; 0: never
+//! lease_ms = 400            # the master answers only while a majority renewed its lease within
+//!                           # this; tcp: a new master after lease × 5/3 without heartbeats
 //! ```
 
 use std::path::PathBuf;
@@ -55,6 +57,8 @@ pub struct ServiceConfig {
     /// Close a client that sends no complete request for this long (idle
     /// or a request left half-sent); zero: never.
     pub idle_timeout: std::time::Duration,
+    /// The master's lease (see the replica crate's `failover` module).
+    pub lease: std::time::Duration,
 }
 
 /// Which fabric the members use.
@@ -119,6 +123,7 @@ impl ServiceConfig {
             memory_bytes_max: defaults::MEMORY_BYTES_MAX,
             clients_max: defaults::CLIENTS_MAX,
             idle_timeout: std::time::Duration::from_secs(defaults::IDLE_TIMEOUT_S),
+            lease: crate::node::LEASE_DEFAULT,
         }
     }
 
@@ -175,6 +180,7 @@ impl ServiceConfig {
                 "memory_bytes_max" => c.memory_bytes_max = int()?,
                 "clients_max" => c.clients_max = int()?,
                 "idle_timeout_s" => c.idle_timeout = std::time::Duration::from_secs(int()? as u64),
+                "lease_ms" => c.lease = std::time::Duration::from_millis(int()? as u64),
                 other => return Err(at(format!("unknown key '{other}'"))),
             }
         }
@@ -224,6 +230,12 @@ impl ServiceConfig {
                 self.idle_timeout.as_secs()
             ));
         }
+        if !(LEASE_MS_MIN..=LEASE_MS_MAX).contains(&(self.lease.as_millis() as u64)) {
+            return Err(format!(
+                "lease_ms = {}: expected {LEASE_MS_MIN}..={LEASE_MS_MAX}",
+                self.lease.as_millis()
+            ));
+        }
         if self.memory_bytes_max < 1024 {
             return Err(format!(
                 "memory_bytes_max = {}: expected at least 1024",
@@ -271,7 +283,7 @@ impl ServiceConfig {
 
     fn to_text_but_durability(&self) -> String {
         format!(
-            "group = \"{}\"\ntransport = \"{}\"\npeers = \"{}\"\nkey = \"{}\"\nspares = {}\nbackups = {}\nmode = \"{}\"\nbind = \"{}\"\nport = {}\ndata_dir = \"{}\"\nsegment_bytes = {}\nsegments = {}\nvalue_bytes_max = {}\nmemory_bytes_max = {}\nclients_max = {}\nidle_timeout_s = {}\n",
+            "group = \"{}\"\ntransport = \"{}\"\npeers = \"{}\"\nkey = \"{}\"\nspares = {}\nbackups = {}\nmode = \"{}\"\nbind = \"{}\"\nport = {}\ndata_dir = \"{}\"\nsegment_bytes = {}\nsegments = {}\nvalue_bytes_max = {}\nmemory_bytes_max = {}\nclients_max = {}\nidle_timeout_s = {}\nlease_ms = {}\n",
             self.group,
             self.transport.as_str(),
             self.peers.join(","),
@@ -287,7 +299,8 @@ impl ServiceConfig {
             self.value_bytes_max,
             self.memory_bytes_max,
             self.clients_max,
-            self.idle_timeout.as_secs()
+            self.idle_timeout.as_secs(),
+            self.lease.as_millis()
         )
     }
 
@@ -307,6 +320,7 @@ impl ServiceConfig {
             data_dir: self.data_dir.clone(),
             idle: spindle_runtime::IdleStrategy::DEFAULT_BACKOFF,
             join_timeout,
+            lease: self.lease,
         }
     }
 
@@ -314,6 +328,11 @@ impl ServiceConfig {
         self.backups + 1 + self.spares
     }
 }
+
+/// Bounds of `lease_ms`: heartbeats every lease/16 need at least a few
+/// ms; a lease over a minute makes a failover take minutes.
+pub const LEASE_MS_MIN: u64 = 50;
+pub const LEASE_MS_MAX: u64 = 60_000;
 
 fn strip_comment(line: &str) -> &str {
     let mut in_string = false;

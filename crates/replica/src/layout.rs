@@ -17,7 +17,12 @@
 //!          │ durable          u64  backup, `Durability::Disk`: log position of its epoch written to its
 //!          │                       segment files and fdatasynced (Release after the sync)
 //!          └ pad
-//!  line 2  ┌ head[M]          u64  the guards: as master, head[b] = log position complete in area b
+//!  line 2  ┌ fo_promise       u64  failover (see `failover`): epoch << 8 | rank promised
+//!          │ fo_beat          u64  epoch << 40 | seq: a master's heartbeat, a follower's echo of it
+//!          │ fo_established   u64  newest epoch established + 1 (0: none)
+//!          └ fo_campaign      u64  epoch << 32 | (claimed log epoch + 1); 0: not campaigning
+//!                                  (written only by the member's failover driver thread)
+//!  line 3  ┌ head[M]          u64  the guards: as master, head[b] = log position complete in area b
 //!          │                       (Release after the bytes); in rpc mode a backup's own head[m]
 //!          │                       is its reply: positions copied into its own area; with
 //!          │                       `Completion::Echo` (tcp) a backup's own head[m] is its echo
@@ -99,6 +104,10 @@ impl Durability {
     }
 }
 
+/// The failover words per row: promise, beat, established, campaign.
+pub const FAILOVER_WORDS: usize = 4;
+const _: () = assert!(FAILOVER_WORDS * 8 <= 64, "one cache line");
+
 /// Counter ids (index into `counters`).
 pub const COUNTER_APPENDS: usize = 0;
 pub const COUNTER_FLOW_WAITS: usize = 1;
@@ -125,6 +134,9 @@ pub struct ReplicaLayout {
     pub stopped: U64Column,
     pub snapshot_end: U64Column,
     pub durable: U64Column,
+    /// The failover words ([`crate::failover::ControlRow`]), in order:
+    /// promise, beat, established, campaign.
+    pub failover: U64VectorColumn,
     pub head: U64VectorColumn,
     pub counters: U64VectorColumn,
     pub areas: BytesColumn,
@@ -160,7 +172,7 @@ impl ReplicaLayout {
             "members {members}"
         );
         let mut b = LayoutBuilder::new(&format!(
-            "replica members={members} mode={mode} segment_bytes={} segments={} completion={} durability={}",
+            "replica members={members} mode={mode} segment_bytes={} segments={} completion={} durability={} failover=lease",
             geometry.segment_bytes,
             geometry.segments_max,
             completion.as_str(),
@@ -179,6 +191,8 @@ impl ReplicaLayout {
         let snapshot_end = b.u64("snapshot_end");
         let durable = b.u64("durable");
         b.cache_line_break();
+        let failover = b.u64_vector("failover", FAILOVER_WORDS);
+        b.cache_line_break();
         let head = b.u64_vector("head", members);
         b.cache_line_break();
         let counters = b.u64_vector("counters", COUNTER_NAMES.len());
@@ -191,6 +205,10 @@ impl ReplicaLayout {
             "durable shares line 1 with stopped (the diagram)"
         );
         assert!(durable.offset().is_multiple_of(8), "durable is an aligned u64");
+        assert!(
+            failover.offset(0).is_multiple_of(64),
+            "the failover words share one cache line (the diagram)"
+        );
         ReplicaLayout {
             row,
             epoch,
@@ -204,6 +222,7 @@ impl ReplicaLayout {
             stopped,
             snapshot_end,
             durable,
+            failover,
             head,
             counters,
             areas,

@@ -105,6 +105,8 @@ pub struct Master<F: Fabric> {
     /// Disk durability: the log position every backup has on disk, as
     /// far as the master has waited for it.
     acknowledged: u64,
+    /// Backups the epoch began with.
+    set_size: usize,
 }
 
 impl<F: Fabric> Master<F> {
@@ -134,6 +136,7 @@ impl<F: Fabric> Master<F> {
             deferred: false,
             guard_pending: false,
             acknowledged: 0,
+            set_size: 0,
         };
         master.begin_epoch(epoch, backups)?;
         Ok(master)
@@ -168,7 +171,11 @@ impl<F: Fabric> Master<F> {
         self.head = 0;
         self.guard_pending = false;
         self.acknowledged = 0;
-        self.wait_backups_ready()
+        self.wait_backups_ready()?;
+        // A backup that never followed holds nothing of this epoch and
+        // claims nothing: only drops from here on need a roll.
+        self.set_size = self.backups.len();
+        Ok(())
     }
 
     /// End this epoch cleanly: publish `stopped = epoch + 1` and wait
@@ -227,12 +234,18 @@ impl<F: Fabric> Master<F> {
     /// End this epoch ([`Master::end_epoch`]) and start the next with
     /// `backups`. The caller then appends the snapshot and
     /// [`RecordKind::SnapshotDone`].
-    pub fn roll(&mut self, backups: Vec<usize>) -> Result<(), String> {
+    pub fn roll(&mut self, next: u64, backups: Vec<usize>) -> Result<(), String> {
         let me = self.fabric.member_rank();
         assert!(!backups.contains(&me), "the master is not its own backup");
+        assert!(next > self.epoch, "epochs only grow: {next} after {}", self.epoch);
         self.end_epoch(false)?;
-        let next = self.epoch + 1;
         self.begin_epoch(next, backups)
+    }
+
+    /// A backup of this epoch was dropped (dead or not answering): the
+    /// epoch must roll before anything more is acknowledged.
+    pub fn dropped(&self) -> bool {
+        self.backups.len() < self.set_size
     }
 
     /// Append the epoch's `SnapshotDone` marker and publish where it ends:

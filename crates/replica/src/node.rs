@@ -40,6 +40,8 @@ use spindle_runtime::{monotonic_coarse_ns, IdleStrategy};
 
 use crate::backup::Backup;
 use crate::disk::SegmentDisk;
+use crate::driver::Driver;
+use crate::failover::Timing;
 use crate::layout::{Completion, Durability, ReplicaLayout, ROLE_MASTER, ROLE_STOPPED};
 use crate::log::LogGeometry;
 use crate::master::{Master, Mode};
@@ -48,19 +50,36 @@ use crate::replay::replay_into;
 use crate::store::ObjectMap;
 
 /// A fabric that can tell whether a member is alive.
-pub trait Membership: Fabric {
+pub trait Membership: Fabric + Send + Sync + 'static {
     fn member_alive(&self, rank: usize) -> bool;
+    /// Whether `rank` is gone for certain (it joined, and its process has
+    /// left or is gone): the failover then counts it out of the majority.
+    /// Never true on a fabric whose losses may be cut links (tcp).
+    fn member_gone(&self, rank: usize) -> bool;
 }
+
+/// Slot states in the shm group file header (see the fabric's file
+/// layout diagram): a slot never joined is empty.
+const SLOT_EMPTY: u32 = 0;
 
 impl Membership for ShmFabric {
     fn member_alive(&self, rank: usize) -> bool {
         alive(self, rank)
+    }
+    fn member_gone(&self, rank: usize) -> bool {
+        // Partner: the Release store of the slot state by the fabric.
+        let joined = self.header().members[rank].state.load(Ordering::Acquire) != SLOT_EMPTY;
+        joined && !alive(self, rank)
     }
 }
 
 impl Membership for TcpFabric {
     fn member_alive(&self, rank: usize) -> bool {
         rank == self.member_rank() || self.peer_status(rank).0 == PeerStatus::Connected
+    }
+    /// A broken connection may be a cut link: nothing is certain on tcp.
+    fn member_gone(&self, _rank: usize) -> bool {
+        false
     }
 }
 
@@ -81,7 +100,14 @@ pub struct NodeConfig {
     /// How the rpc copier, the tcp echo thread and the disk syncer idle.
     pub idle: IdleStrategy,
     pub join_timeout: Duration,
+    /// The master's lease ([`crate::failover`]): it answers only while a
+    /// majority renewed it within this; a new master is elected only after
+    /// `lease × 5/3` without heartbeats (tcp: the failover time).
+    pub lease: Duration,
 }
+
+/// The default lease (`lease_ms` in the service's config).
+pub const LEASE_DEFAULT: Duration = Duration::from_millis(400);
 
 impl NodeConfig {
     /// Spares: members that are neither the master nor one of its R backups.
@@ -113,6 +139,7 @@ pub struct Leader<F: Membership = ShmFabric> {
     /// How the objects were recovered (`None` for a fresh store).
     pub recovery: Option<RecoveryReport>,
     fabric: Arc<F>,
+    driver: Arc<Driver<F>>,
     backups_wanted: usize,
     geometry: LogGeometry,
     last_check_ns: u64,
@@ -145,6 +172,7 @@ pub struct Node<F: Membership = ShmFabric> {
     disk: SegmentDisk,
     start_epoch: u64,
     start_master: usize,
+    driver: Arc<Driver<F>>,
 }
 
 /// Slot state "running" in the shm group file header (see the fabric's
@@ -175,11 +203,11 @@ pub fn process_alive(pid: u32) -> bool {
 
 /// How a wait on the master ended.
 enum Seen {
-    /// It leads this epoch (≥ the one waited for), with this backup set.
-    Published(u64, u64),
+    /// It leads the epoch waited for, with this backup set.
+    Published(u64),
     /// It stopped cleanly: the service is shutting down.
     Stopped,
-    /// It died (or `stop` was set).
+    /// The failover engine moved on (or `stop` was set).
     Gone,
 }
 
@@ -295,6 +323,9 @@ impl<F: Membership> Node<F> {
     /// Wait for every member, then agree on where to start: every member
     /// publishes what its disk holds; the newest log leads.
     pub fn start(fabric: Arc<F>, layout: ReplicaLayout, config: NodeConfig) -> Result<Node<F>, String> {
+        Timing::from_lease_ms(config.lease.as_millis() as u64)
+            .validate()
+            .map_err(|e| format!("lease {:?}: {e}", config.lease))?;
         if config.backups == 0 || config.backups >= config.members {
             return Err(format!(
                 "backups = {}: expected 1..={} with {} members",
@@ -341,6 +372,15 @@ impl<F: Membership> Node<F> {
             .enumerate()
             .fold((0, 1), |(br, bs), (r, s)| if *s > bs { (r, *s) } else { (br, bs) });
         let start_epoch = if best <= 1 { 0 } else { (best - 1) / 2 };
+        let timing = Timing::from_lease_ms(config.lease.as_millis() as u64);
+        let driver = Driver::start(
+            fabric.clone(),
+            layout.clone(),
+            timing,
+            start_epoch,
+            start_master,
+            config.mode,
+        )?;
         Ok(Node {
             fabric,
             layout,
@@ -348,6 +388,7 @@ impl<F: Membership> Node<F> {
             disk,
             start_epoch,
             start_master,
+            driver,
         })
     }
 
@@ -373,42 +414,53 @@ impl<F: Membership> Node<F> {
         self.fabric.row(rank).u64_at(offset).load(Ordering::Acquire)
     }
 
+    /// The failover driver of this member.
+    pub fn driver(&self) -> &Arc<Driver<F>> {
+        &self.driver
+    }
+
+    /// The epoch and master this member's failover engine follows now.
+    fn view(&self) -> (Option<u64>, (u64, usize)) {
+        let engine = self.driver.engine();
+        let leading = engine.leading().filter(|_| engine.rolling_to().is_none());
+        (leading, engine.promised())
+    }
+
     /// Run as a backup or spare (through failovers and epoch rolls) until
     /// this member becomes the master; `None` when `stop` was set first
     /// (a backup seals its log first) or the master stopped cleanly.
+    ///
+    /// Whom to follow is the failover engine's choice ([`crate::failover`]:
+    /// the master this member promised its epoch to); the data path follows
+    /// that master's log of that epoch, and seals it on disk as soon as the
+    /// engine moves on (a failover or a roll).
     pub fn run_until_master(&self, stop: &AtomicBool) -> Result<Option<Leader<F>>, String> {
         let me = self.rank();
-        let (mut epoch, mut master) = (self.start_epoch, self.start_master);
-        // The backup set of the last epoch seen published: the next master
-        // comes from it (they hold the newest log).
-        let mut last_set = 0u64;
         loop {
-            if me == master {
-                return self.lead(epoch).map(Some);
+            if stop.load(Ordering::Acquire) {
+                return Ok(None);
             }
-            match self.wait_published(master, epoch, stop) {
-                Seen::Published(e, set) => (epoch, last_set) = (e, set),
+            let (leading, (epoch, master)) = self.view();
+            if let Some(e) = leading {
+                return self.lead(e).map(Some);
+            }
+            if master == me {
+                // A candidate (or a master that gave up): wait for the vote.
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            let set = match self.wait_published(master, epoch, stop) {
+                Seen::Published(set) => set,
                 Seen::Stopped => return Ok(None),
-                Seen::Gone => {
-                    if stop.load(Ordering::Acquire) {
+                Seen::Gone => continue,
+            };
+            if set & (1 << me) == 0 {
+                // A spare: wait until the engine moves (a roll may take us).
+                while self.view() == (None, (epoch, master)) && !stop.load(Ordering::Acquire) {
+                    if self.clean_stop_of(master, epoch) {
                         return Ok(None);
                     }
-                    // The candidate died before leading: its epoch is skipped.
-                    (epoch, master) = (epoch + 1, self.next_master(master, last_set)?);
-                    continue;
-                }
-            }
-            if last_set & (1 << me) == 0 {
-                // A spare: wait for the next epoch (it may include us).
-                match self.wait_as_spare(master, epoch, stop) {
-                    Seen::Published(e, _) => epoch = e,
-                    Seen::Stopped => return Ok(None),
-                    Seen::Gone => {
-                        if stop.load(Ordering::Acquire) {
-                            return Ok(None);
-                        }
-                        (epoch, master) = (epoch + 1, self.next_master(master, last_set)?);
-                    }
+                    std::thread::sleep(Duration::from_micros(500));
                 }
                 continue;
             }
@@ -421,8 +473,10 @@ impl<F: Membership> Node<F> {
                 epoch,
                 self.config.idle,
             )?;
+            self.driver.set_backup_of(Some(epoch));
             let ended_cleanly = loop {
                 if stop.load(Ordering::Acquire) {
+                    self.driver.set_backup_of(None);
                     // A clean stop keeps everything on disk for a restart.
                     backup.seal()?;
                     return Ok(None);
@@ -430,7 +484,7 @@ impl<F: Membership> Node<F> {
                 if self.load(master, self.layout.stopped.offset()) == epoch + 1 {
                     break true;
                 }
-                if !self.alive(master) {
+                if self.view() != (None, (epoch, master)) {
                     break false;
                 }
                 if backup.failed() {
@@ -438,53 +492,38 @@ impl<F: Membership> Node<F> {
                 }
                 std::thread::sleep(Duration::from_micros(500));
             };
+            self.driver.set_backup_of(None);
             backup.seal()?;
-            if ended_cleanly {
-                if self.load(master, self.layout.role.offset()) == ROLE_STOPPED {
-                    return Ok(None);
-                }
-                epoch += 1; // the master rolls on
-            } else {
-                (epoch, master) = (epoch + 1, self.next_master(master, last_set)?);
+            if ended_cleanly && self.load(master, self.layout.role.offset()) == ROLE_STOPPED {
+                return Ok(None);
             }
         }
     }
 
-    /// The lowest live backup of the last epoch (`set`), else the lowest
-    /// live rank, other than `dead`. Every member computes the same: they
-    /// read the same set, and liveness on one host is exact (on tcp,
-    /// connections to a dead process break at every member).
-    fn next_master(&self, dead: usize, set: u64) -> Result<usize, String> {
-        let live = |r: &usize| *r != dead && self.alive(*r);
-        (0..self.config.members)
-            .filter(|r| set & (1 << r) != 0)
-            .find(live)
-            .or_else(|| (0..self.config.members).find(live))
-            .ok_or_else(|| "no live member left to become master".to_string())
+    /// `master` stopped the service cleanly at the end of `epoch`.
+    fn clean_stop_of(&self, master: usize, epoch: u64) -> bool {
+        self.load(master, self.layout.stopped.offset()) == epoch + 1
+            && self.load(master, self.layout.role.offset()) == ROLE_STOPPED
     }
 
-    /// Wait until `master` leads `epoch` or a later one.
+    /// Wait until `master`'s data path leads `epoch` (its backup set), for
+    /// as long as the engine follows it there.
     fn wait_published(&self, master: usize, epoch: u64, stop: &AtomicBool) -> Seen {
         loop {
             // Partner: the Release store of `epoch` in Master::begin_epoch.
             let e = self.load(master, self.layout.epoch.offset());
             let role = self.load(master, self.layout.role.offset());
-            if e >= epoch && role == ROLE_MASTER {
-                return Seen::Published(e, self.load(master, self.layout.backup_set.offset()));
+            if e == epoch && role == ROLE_MASTER {
+                return Seen::Published(self.load(master, self.layout.backup_set.offset()));
             }
             if e >= epoch && role == ROLE_STOPPED {
                 return Seen::Stopped;
             }
-            if stop.load(Ordering::Acquire) || !self.alive(master) {
+            if stop.load(Ordering::Acquire) || self.view() != (None, (epoch, master)) {
                 return Seen::Gone;
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-    }
-
-    /// A spare waits until the master leads an epoch after `epoch`.
-    fn wait_as_spare(&self, master: usize, epoch: u64, stop: &AtomicBool) -> Seen {
-        self.wait_published(master, epoch + 1, stop)
     }
 
     /// Become master of `epoch`: recover, take R live others as backups,
@@ -498,11 +537,20 @@ impl<F: Membership> Node<F> {
             (o, Some(r))
         };
         let me = self.rank();
-        let backups: Vec<usize> = (0..self.config.members)
-            .filter(|r| *r != me && self.alive(*r))
-            .take(self.config.backups)
-            .collect();
-        let fabric = self.fabric.clone();
+        // Those who elected us first (they answer), then other live ones.
+        let voters = self.driver.engine().followers();
+        let mut backups: Vec<usize> = Vec::new();
+        for r in voters.into_iter().chain(0..self.config.members) {
+            if backups.len() < self.config.backups
+                && r != me
+                && !backups.contains(&r)
+                && self.alive(r)
+                && self.driver.responsive(r)
+            {
+                backups.push(r);
+            }
+        }
+        backups.sort_unstable();
         let master = Master::start(
             self.fabric.clone(),
             self.layout.clone(),
@@ -510,13 +558,14 @@ impl<F: Membership> Node<F> {
             epoch,
             backups,
             self.config.value_bytes_max,
-            Box::new(move |r| fabric.member_alive(r)),
+            liveness(&self.fabric, &self.driver),
         )?;
         let mut leader = Leader {
             master,
             objects,
             recovery: None,
             fabric: self.fabric.clone(),
+            driver: self.driver.clone(),
             backups_wanted: self.config.backups,
             geometry: self.config.geometry,
             last_check_ns: monotonic_coarse_ns(),
@@ -530,6 +579,7 @@ impl<F: Membership> Node<F> {
         } else {
             leader.write_snapshot()?;
         }
+        leader.establish();
         if let Some(r) = recovery.as_mut() {
             r.replay_ns = started.elapsed().as_nanos() as u64;
         }
@@ -565,23 +615,30 @@ impl<F: Membership> Leader<F> {
     /// Housekeeping between requests (cheap unless there is work): drop
     /// dead backups and replace them with live spares (R copies again), and
     /// roll to a new epoch when the log is longer than
-    /// [`log_bytes_max`] (cleaning). A roll re-appends every live object,
-    /// so it pauses writes for the time it takes to copy them.
+    /// [`log_bytes_max`] (cleaning). A backup dropped during the epoch
+    /// (dead, or not answering the failover's heartbeats) always rolls: an
+    /// epoch's every backup must hold every write acknowledged in it, the
+    /// rule that lets any of them take over ([`crate::failover`]). A roll
+    /// re-appends every live object, so it pauses writes for the time it
+    /// takes to copy them. An error leaves the master unable to answer.
     pub fn maintain(&mut self) -> Result<(), String> {
         let now = monotonic_coarse_ns();
         let too_long = self.master.head() > log_bytes_max(&self.objects, &self.geometry);
-        if !too_long && now.saturating_sub(self.last_check_ns) < CHECK_INTERVAL_NS {
+        if !too_long && !self.master.dropped() && now.saturating_sub(self.last_check_ns) < CHECK_INTERVAL_NS {
             return Ok(());
         }
         self.last_check_ns = now;
         // No allocation unless a roll is due (rare): the check runs
         // between requests at most every CHECK_INTERVAL_NS.
         let left = self.master.check_backups();
+        let dropped = self.master.dropped();
         let me = self.fabric.member_rank();
-        let is_spare = |r: usize| r != me && !self.master.backups().contains(&r) && self.fabric.member_alive(r);
+        let is_spare = |r: usize| {
+            r != me && !self.master.backups().contains(&r) && self.fabric.member_alive(r) && self.driver.responsive(r)
+        };
         let missing = self.backups_wanted.saturating_sub(left);
         let replace = missing > 0 && (0..self.fabric.member_count()).any(is_spare);
-        if !replace && (!too_long || left == 0) {
+        if !replace && !dropped && (!too_long || left == 0) {
             return Ok(());
         }
         let spares: Vec<usize> = (0..self.fabric.member_count())
@@ -595,8 +652,98 @@ impl<F: Membership> Leader<F> {
         if too_long {
             self.cleanings += 1;
         }
-        self.master.roll(backups)?;
-        self.write_snapshot()
+        self.roll(backups)
+    }
+
+    /// Move to a new epoch with `backups`: the failover engine asks a
+    /// majority for it first (bounded: twice the election timeout), then
+    /// the log moves and starts with a snapshot; the epoch is established
+    /// once every backup holds it.
+    fn roll(&mut self, backups: Vec<usize>) -> Result<(), String> {
+        let old = self.master.epoch();
+        self.driver
+            .engine()
+            .roll(spindle_runtime::monotonic_ns())
+            .map_err(|e| e.to_string())?;
+        self.driver.publish_now();
+        let waited = Instant::now();
+        let bound = Duration::from_nanos(2 * self.driver.timing().election_ns);
+        let next = loop {
+            {
+                let engine = self.driver.engine();
+                match (engine.leading(), engine.rolling_to()) {
+                    (Some(e), None) if e > old => break e,
+                    (None, _) => {
+                        return Err(format!(
+                            "rolling from epoch {old}: {}",
+                            engine
+                                .stepped_down()
+                                .map_or("no longer the master".into(), |s| s.to_string())
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+            if waited.elapsed() > bound {
+                return Err(format!(
+                    "rolling from epoch {old}: no majority promised a new epoch within {bound:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        };
+        self.master.roll(next, backups)?;
+        if !self.master.backups().is_empty() {
+            self.write_snapshot()?;
+        }
+        self.establish();
+        Ok(())
+    }
+
+    /// Every backup of the epoch holds its first snapshot: tell the
+    /// failover engine (the epoch answers once a majority knows).
+    fn establish(&mut self) {
+        self.driver.engine().establish(self.master.epoch());
+        self.driver.publish_now();
+    }
+
+    /// This master's rank.
+    pub fn master_rank(&self) -> usize {
+        self.fabric.member_rank()
+    }
+
+    /// Whether this master may answer a client now (lease and epoch).
+    pub fn may_answer(&self) -> bool {
+        self.driver.may_answer()
+    }
+
+    /// Wait until this master may answer (after a roll, or while a
+    /// heartbeat is late), at most the election timeout; an error once it
+    /// cannot: it stepped down, or the wait ran out (others may elect).
+    pub fn wait_answerable(&self) -> Result<(), String> {
+        if self.driver.may_answer() {
+            return Ok(());
+        }
+        let waited = Instant::now();
+        let bound = Duration::from_nanos(self.driver.timing().election_ns);
+        loop {
+            if self.driver.may_answer() {
+                return Ok(());
+            }
+            if let Some(why) = self.driver.stepped_down() {
+                return Err(format!("the master stepped down: {why}"));
+            }
+            if waited.elapsed() > bound {
+                return Err(format!(
+                    "the master lost its lease: no majority renewed it within {bound:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// The failover driver of this member.
+    pub fn driver(&self) -> &Arc<Driver<F>> {
+        &self.driver
     }
 
     /// Stop serving cleanly: end the epoch with every backup's log sealed
@@ -604,6 +751,13 @@ impl<F: Membership> Leader<F> {
     pub fn stop(&mut self) -> Result<(), String> {
         self.master.end_epoch(true)
     }
+}
+
+/// The master's view of a backup: alive (the fabric) and answering the
+/// failover's heartbeats.
+fn liveness<F: Membership>(fabric: &Arc<F>, driver: &Arc<Driver<F>>) -> crate::master::Liveness {
+    let (fabric, driver) = (fabric.clone(), driver.clone());
+    Box::new(move |r| fabric.member_alive(r) && driver.responsive(r))
 }
 
 /// Replay the newest epoch on disk whose snapshot is complete: a sealed

@@ -30,6 +30,7 @@ use std::thread::{Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::command::{execute, Args, CommandLimits, Context, Flow, Session, REDIS_COMPAT_VERSION};
+use crate::driver::Driver;
 use crate::keyspace::command_list;
 use crate::node::{Leader, Membership};
 use crate::resp::{parse_request, reply, Limits};
@@ -182,7 +183,16 @@ struct Guarded<F: Membership> {
     leader: Leader<F>,
     /// Set by the batch whose replication failed; no batch runs after it.
     failure: Option<String>,
+    /// Tests: one line per answered batch that wrote (see [`ACK_LOG_ENV`]).
+    ack_log: Option<std::fs::File>,
 }
+
+/// Tests: with this environment variable set to a directory, the master
+/// appends `<CLOCK_MONOTONIC ns> <rank> <epoch>` to `<dir>/acks-<rank>.log`
+/// for every batch with a write that it answered, so that a test can check
+/// that no two masters ever answered at once (the clock is one for every
+/// process of the host, network namespaces included).
+pub const ACK_LOG_ENV: &str = "SPINDLE_KV_ACK_LOG";
 
 /// The service's state, shared by the accept loop and the client threads.
 struct Service<'a, F: Membership> {
@@ -191,6 +201,8 @@ struct Service<'a, F: Membership> {
     /// the lock.
     failed: AtomicBool,
     stop: Option<&'a AtomicBool>,
+    /// The master's failover driver: once it stepped down, serving ends.
+    driver: std::sync::Arc<Driver<F>>,
     info_extra: String,
     limits: Limits,
     command_limits: CommandLimits,
@@ -202,7 +214,9 @@ impl<F: Membership> Service<'_, F> {
         // Partner (first load): the Release store of the stop flag by its
         // owner (a signal handler, `KvService::shutdown`). Partner
         // (second): the Release store of `failed` in `handle_batch`.
-        self.stop.is_some_and(|s| s.load(Ordering::Acquire)) || self.failed.load(Ordering::Acquire)
+        self.stop.is_some_and(|s| s.load(Ordering::Acquire))
+            || self.failed.load(Ordering::Acquire)
+            || self.driver.stepped_down().is_some()
     }
 }
 
@@ -223,10 +237,20 @@ pub fn serve<F: Membership>(
     options: ServeOptions<'_>,
 ) -> Result<Leader<F>, ServeError> {
     listener.set_nonblocking(true).map_err(ServeError::Listener)?;
+    let ack_log = std::env::var_os(ACK_LOG_ENV).and_then(|dir| {
+        let path = std::path::Path::new(&dir).join(format!("acks-{}.log", leader.master_rank()));
+        std::fs::OpenOptions::new().create(true).append(true).open(path).ok()
+    });
+    let driver = leader.driver().clone();
     let service = Service {
-        guarded: Mutex::new(Guarded { leader, failure: None }),
+        guarded: Mutex::new(Guarded {
+            leader,
+            failure: None,
+            ack_log,
+        }),
         failed: AtomicBool::new(false),
         stop: options.stop,
+        driver,
         info_extra: options.info_extra,
         limits: Limits::for_values(options.value_bytes_max),
         command_limits: CommandLimits {
@@ -257,9 +281,15 @@ pub fn serve<F: Membership>(
             let _ = client.thread.join();
         }
     });
-    let Guarded { mut leader, failure } = service.guarded.into_inner().unwrap_or_else(|p| p.into_inner());
+    let stepped_down = service.driver.stepped_down();
+    let Guarded {
+        mut leader, failure, ..
+    } = service.guarded.into_inner().unwrap_or_else(|p| p.into_inner());
     if let Some(e) = failure {
         return Err(ServeError::Replication(e));
+    }
+    if let Some(why) = stepped_down {
+        return Err(ServeError::Replication(format!("the master stepped down: {why}")));
     }
     leader.stop().map_err(ServeError::Stop)?;
     Ok(leader)
@@ -402,6 +432,7 @@ fn handle_batch<F: Membership>(
         return (0, true);
     }
     let leader = &mut guarded.leader;
+    let head_before = (leader.master.epoch(), leader.master.head());
     leader.master.set_deferred(true);
     let (mut used, mut close, mut ranges) = (0, false, Vec::new());
     // The master's clock decides expiry (see the command module).
@@ -442,17 +473,33 @@ fn handle_batch<F: Membership>(
         }
     }
     leader.master.set_deferred(false);
-    if let Err(e) = leader.master.complete() {
-        // The batch's writes are applied but not known to be replicated:
-        // drop the replies; no batch runs after this one (see `Guarded`).
+    let wrote = (leader.master.epoch(), leader.master.head()) != head_before;
+    // Replicated on every backup; then housekeeping (a dropped backup
+    // rolls the epoch first); then the lease: no reply, read or write,
+    // unless this master may still answer ([`crate::failover`]).
+    let answerable = leader
+        .master
+        .complete()
+        .and_then(|()| leader.maintain())
+        .and_then(|()| leader.wait_answerable());
+    if let Err(e) = answerable {
+        // The batch's writes are applied but not known to be replicated
+        // (or may no longer be answered): drop the replies; no batch runs
+        // after this one (see `Guarded`).
         out.clear();
         guarded.failure = Some(e);
         // Release: pairs with the Acquire load in `Service::stopping`.
         service.failed.store(true, Ordering::Release);
         return (used, true);
     }
-    if let Err(e) = leader.maintain() {
-        eprintln!("spindle kv: housekeeping failed: {e}");
+    if let (true, Some(log)) = (wrote && !out.is_empty(), guarded.ack_log.as_mut()) {
+        let line = format!(
+            "{} {} {}\n",
+            spindle_runtime::monotonic_ns(),
+            guarded.leader.master_rank(),
+            guarded.leader.master.epoch()
+        );
+        let _ = log.write_all(line.as_bytes());
     }
     (used, close)
 }
@@ -482,6 +529,7 @@ mod tests {
             data_dir: dir.to_path_buf(),
             idle: IdleStrategy::DEFAULT_BACKOFF,
             join_timeout: Duration::from_secs(30),
+            lease: crate::node::LEASE_DEFAULT,
         }
     }
 

@@ -21,9 +21,11 @@ use std::time::{Duration, Instant};
 use spindle_fabric::shm::{ShmFabric, ShmOptions};
 use spindle_fabric::tcp::TcpFabric;
 use spindle_fabric::{Fabric, PeerSet};
+use spindle_replica::driver::Driver;
+use spindle_replica::failover::Timing;
 use spindle_replica::layout::{Completion, Durability, ReplicaLayout, COUNTER_SYNCS, ROLE_BACKUP, ROLE_MASTER};
 use spindle_replica::log::LogGeometry;
-use spindle_replica::node::{Leader, Membership, Node, NodeConfig};
+use spindle_replica::node::{Leader, Membership, Node, NodeConfig, LEASE_DEFAULT};
 use spindle_replica::record::{RecordKind, RECORD_ALIGN};
 use spindle_replica::Mode;
 use spindle_runtime::IdleStrategy;
@@ -50,6 +52,7 @@ fn config(group: &str, members: usize, dir: &Path) -> NodeConfig {
         data_dir: dir.to_path_buf(),
         idle: IdleStrategy::DEFAULT_BACKOFF,
         join_timeout: WAIT,
+        lease: spindle_replica::node::LEASE_DEFAULT,
     }
 }
 
@@ -74,9 +77,12 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 /// A backup driven by the test: it joins, follows epoch 0 and publishes
 /// whatever `durable` position the test says (its syncer "held back").
+/// Its failover driver is the real one (it echoes the master's heartbeats,
+/// so the master's lease holds and it is not dropped as unresponsive).
 struct HandBackup {
-    fabric: ShmFabric,
+    fabric: Arc<ShmFabric>,
     layout: ReplicaLayout,
+    _driver: Arc<Driver<ShmFabric>>,
 }
 
 impl HandBackup {
@@ -84,13 +90,20 @@ impl HandBackup {
         let layout = layout(members, Completion::Push);
         let mut options = ShmOptions::new(group, members, layout.row.row_len_bytes(), layout.row.tag());
         options.layout_description = layout.row.summary();
-        let fabric = ShmFabric::open(&options, rank).expect("open the group file");
+        let fabric = Arc::new(ShmFabric::open(&options, rank).expect("open the group file"));
         // What its disk holds: nothing (Node::start waits for every member).
         fabric
             .row(rank)
             .u64_at(layout.disk_epoch.offset())
             .store(1, Ordering::Release);
-        HandBackup { fabric, layout }
+        let timing = Timing::from_lease_ms(LEASE_DEFAULT.as_millis() as u64);
+        let driver = Driver::start(fabric.clone(), layout.clone(), timing, 0, 0, Mode::OneSided)
+            .expect("start the failover driver");
+        HandBackup {
+            fabric,
+            layout,
+            _driver: driver,
+        }
     }
 
     fn me(&self) -> usize {

@@ -41,6 +41,7 @@ fn config(group: &str, members: usize, backups: usize, dir: &Path) -> NodeConfig
         data_dir: dir.to_path_buf(),
         idle: IdleStrategy::DEFAULT_BACKOFF,
         join_timeout: Duration::from_secs(30),
+        lease: spindle_replica::node::LEASE_DEFAULT,
     }
 }
 
@@ -254,7 +255,10 @@ fn a_spare_replaces_a_dead_backup_and_holds_every_write() {
     // The new backup holds everything: the master dies, backup 2 takes
     // over; then it dies too and the former spare alone must have it all.
     let next = cluster.kill_leader();
-    assert_eq!(next.master.backups(), &[3], "the survivors are 2 (master) and 3");
+    // Backups 2 and 3 both hold everything: either may win the election;
+    // the other is its backup.
+    let survivor = if next.master_rank() == 2 { 3 } else { 2 };
+    assert_eq!(next.master.backups(), &[survivor], "the survivors are 2 and 3");
     assert_store(next, &model);
     write(next, &mut model, b"after", b"failover");
     let last = cluster.kill_leader();
@@ -372,10 +376,12 @@ fn restart_after_every_member_died_drops_the_torn_tail() {
     restart(true);
 }
 
+/// On tcp a loss is never certain: an election needs a majority of all
+/// five members, so two may be lost (a backup, then the master).
 #[test]
 fn tcp_failover_and_replacement_keep_every_write() {
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-    let mut cluster = Cluster::start(4, tcp_opener("rlife-tcp", 4, 2, dir.path()));
+    let mut cluster = Cluster::start(5, tcp_opener("rlife-tcp", 5, 2, dir.path()));
     let mut model = HashMap::new();
     fill(cluster.leader(), &mut model, "tcp", 300);
     cluster.kill_member(2);
@@ -390,6 +396,5 @@ fn tcp_failover_and_replacement_keep_every_write() {
     let next = cluster.kill_leader();
     assert_store(next, &model);
     write(next, &mut model, b"after", b"tcp failover");
-    let last = cluster.kill_leader();
-    assert_store(last, &model);
+    assert_store(next, &model);
 }

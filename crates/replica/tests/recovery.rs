@@ -46,6 +46,7 @@ fn config(group: &str, members: usize, mode: Mode, dir: &std::path::Path) -> Nod
         data_dir: dir.to_path_buf(),
         idle: IdleStrategy::DEFAULT_BACKOFF,
         join_timeout: Duration::from_secs(30),
+        lease: spindle_replica::node::LEASE_DEFAULT,
     }
 }
 
