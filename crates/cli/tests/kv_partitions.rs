@@ -969,3 +969,76 @@ fn acks_cover_answers(acks: &[Ack], history: &[Record], time: &Timeline) -> Resu
         first.unwrap_or_default()
     ))
 }
+
+/// The ack-log checks on made-up logs (no namespaces needed): they pass a
+/// clean handover, catch two masters both ways, and catch a log that
+/// leaves out an acknowledgement a client saw.
+#[test]
+fn ack_log_checks_catch_two_masters_and_gaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let time = Timeline {
+        start_ns: 1_000,
+        cut_ns: 5_000,
+        heal_ns: 9_000,
+    };
+    // Member 0 leads epoch 0, member 1 epoch 1 after it; member 2's last
+    // line is torn (killed while writing) and left out.
+    std::fs::write(dir.path().join("acks-0.log"), "1100 0 0\n1500 0 0\n").unwrap();
+    std::fs::write(dir.path().join("acks-1.log"), "6000 1 1\n").unwrap();
+    std::fs::write(dir.path().join("acks-2.log"), "7000 2").unwrap();
+    let mut acks = read_acks(dir.path(), 3).unwrap().expect("logs");
+    assert_eq!(acks.len(), 3, "the torn line is left out");
+    let summary = check_acks(&mut acks, &time).expect("one master at a time");
+    assert!(summary.contains("epoch 1: member 1, 1 batches"), "{summary}");
+    let write = |member: usize, invoke_ns: u64, complete_ns: u64| Record {
+        op: Op {
+            client: 0,
+            key: b"k0".to_vec(),
+            kind: OpKind::Set(b"1".to_vec()),
+            invoke_ns,
+            complete_ns: Some(complete_ns),
+            result: Some(OpResult::Ok),
+        },
+        member,
+    };
+    acks_cover_answers(&acks, &[write(0, 1_400, 1_600), write(1, 5_900, 6_100)], &time).expect("covered");
+    let gap = acks_cover_answers(&acks, &[write(0, 1_600, 1_700)], &time).unwrap_err();
+    assert!(gap.contains("1 of 1 acknowledged writes"), "{gap}");
+    let gap = acks_cover_answers(&acks, &[write(1, 1_400, 1_600)], &time).unwrap_err();
+    assert!(gap.contains("member 1"), "another member's line does not count: {gap}");
+
+    // The old master acknowledges after the new one did: two masters.
+    let mut late = acks.clone();
+    late.push(Ack {
+        t_ns: 6_500,
+        rank: 0,
+        epoch: 0,
+    });
+    let e = check_acks(&mut late, &time).unwrap_err();
+    assert!(
+        e.contains("member 0 acknowledged epoch 0") && e.contains("member 1"),
+        "{e}"
+    );
+    // Two members acknowledge in one epoch.
+    let mut shared = acks.clone();
+    shared.push(Ack {
+        t_ns: 6_600,
+        rank: 2,
+        epoch: 1,
+    });
+    let e = check_acks(&mut shared, &time).unwrap_err();
+    assert!(
+        e.contains("epoch 1 acknowledged by member 1") && e.contains("by member 2"),
+        "{e}"
+    );
+
+    // A line that does not parse, or names another rank, is an error; no
+    // file at all is "no ack log".
+    std::fs::write(dir.path().join("acks-2.log"), "7000 2 x\n").unwrap();
+    assert!(read_acks(dir.path(), 3).unwrap_err().contains("acks-2.log line 1"));
+    std::fs::write(dir.path().join("acks-2.log"), "7000 1 1\n").unwrap();
+    assert!(read_acks(dir.path(), 3)
+        .unwrap_err()
+        .contains("rank 1 in member 2's log"));
+    assert!(read_acks(&dir.path().join("none"), 3).unwrap().is_none());
+}
