@@ -807,12 +807,15 @@ fn describe_history(history: &[Record], time: &Timeline) -> String {
     let phase = |t: u64| usize::from(t >= time.cut_ns) + usize::from(t >= time.heal_ns);
     let mut answered = [0usize; 3];
     let mut unanswered = [0usize; 3];
-    let mut by_member: [std::collections::BTreeMap<usize, usize>; 3] = Default::default();
+    // Per phase and member: (answered, of which writes).
+    let mut by_member: [std::collections::BTreeMap<usize, (usize, usize)>; 3] = Default::default();
     for r in history {
         let p = phase(r.op.invoke_ns);
         if r.op.result.is_some() {
             answered[p] += 1;
-            *by_member[p].entry(r.member).or_default() += 1;
+            let counts = by_member[p].entry(r.member).or_default();
+            counts.0 += 1;
+            counts.1 += usize::from(!matches!(r.op.kind, OpKind::Get));
         } else {
             unanswered[p] += 1;
         }
@@ -823,14 +826,34 @@ fn describe_history(history: &[Record], time: &Timeline) -> String {
         answered.iter().sum::<usize>(),
         unanswered.iter().sum::<usize>()
     );
+    // When each member answered (first invocation .. last answer): two
+    // overlapping spans are two members serving at once.
+    let mut spans: std::collections::BTreeMap<usize, (u64, u64)> = Default::default();
+    for r in history {
+        if let Some(done) = r.op.complete_ns {
+            let span = spans.entry(r.member).or_insert((r.op.invoke_ns, done));
+            (span.0, span.1) = (span.0.min(r.op.invoke_ns), span.1.max(done));
+        }
+    }
+    let spans: Vec<String> = spans
+        .iter()
+        .map(|(m, (a, b))| format!("member {m} {} .. {}", time.at(*a), time.at(*b)))
+        .collect();
+    let _ = writeln!(text, "    answers came from: {}", spans.join("; "));
     for (p, name) in ["before the cut", "during the cut", "after the heal"]
         .iter()
         .enumerate()
     {
+        let members: Vec<String> = by_member[p]
+            .iter()
+            .map(|(m, (n, writes))| format!("member {m}: {n} ({writes} writes)"))
+            .collect();
         let _ = writeln!(
             text,
-            "    {name}: {} answered (by member: {:?}), {} no answer",
-            answered[p], by_member[p], unanswered[p]
+            "    {name}: {} answered ({}), {} no answer",
+            answered[p],
+            members.join(", "),
+            unanswered[p]
         );
     }
     text
