@@ -4,6 +4,7 @@
 use std::process::{Command, Output, Stdio};
 
 pub mod kv;
+pub mod netns;
 
 /// The `spindle` binary built for these tests.
 pub fn spindle() -> Command {
