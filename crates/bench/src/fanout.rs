@@ -392,6 +392,7 @@ fn measure(
 ) -> Result<hdrhistogram::Histogram<u64>, String> {
     let wait = WaitConfig {
         spins: 1 << 20,
+        yields: 64,
         park_max: Duration::from_millis(1),
     };
     let domain = Domain::new(tree.clone(), layout, wait).map_err(|e| e.to_string())?;
@@ -422,6 +423,7 @@ fn measure(
                     // parks, and the broadcast interrupts (wakes) it.
                     port.set_wait(WaitConfig {
                         spins: 0,
+                        yields: 0,
                         park_max: Duration::from_millis(50),
                     });
                 }

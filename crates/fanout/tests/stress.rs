@@ -20,6 +20,7 @@ type Log = Arc<Mutex<Vec<(u64, usize)>>>;
 fn run(layout: Layout, shape: Shape, seed: u64) {
     let wait = WaitConfig {
         spins: 200,
+        yields: 64,
         park_max: Duration::from_millis(2),
     };
     let domain = Domain::new(Tree::build(shape, SLOTS).unwrap(), layout, wait).unwrap();
