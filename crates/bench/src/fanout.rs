@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use spindle_fanout::model::{self, Params};
-use spindle_fanout::{Domain, Layout, Shape, Tree};
+use spindle_fanout::{Domain, Layout, Port, Shape, Tree};
 
 use crate::report::Machine;
 
@@ -497,27 +497,7 @@ fn measure(
             let _ = probe::pin_to_cpu(origin_cpu);
             let mut origin = domain.attach(0, |_| {}).map_err(|e| e.to_string())?;
             origin.join().map_err(|e| e.to_string())?;
-            let start = Instant::now();
-            while domain.state().members() != expected {
-                if start.elapsed() > Duration::from_secs(10) {
-                    return Err(format!(
-                        "members did not join within 10 s: {:#b}",
-                        domain.state().members()
-                    ));
-                }
-                std::thread::yield_now();
-            }
-            let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
-            for i in 0..warmup + iterations {
-                let t0 = Instant::now();
-                let done = origin.multicast(i, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-                let ns = t0.elapsed().as_nanos() as u64;
-                assert_eq!(done.targets, expected & !1, "reached_exactly_the_group");
-                if i >= warmup {
-                    h.record(ns.max(1)).map_err(|e| e.to_string())?;
-                }
-            }
-            Ok(h)
+            time_multicasts(&domain, &mut origin, expected, warmup, iterations)
         })
         .join()
         .map_err(|_| "the origin thread panicked".to_string())?
@@ -534,6 +514,39 @@ fn measure(
         }
     }
     result
+}
+
+/// The origin's part of a measurement: wait (at most 10 s) until the
+/// members are exactly `expected`, then time `warmup + iterations`
+/// multicasts (the warm-up ones not recorded).
+pub(crate) fn time_multicasts(
+    domain: &Domain,
+    origin: &mut Port,
+    expected: u64,
+    warmup: u64,
+    iterations: u64,
+) -> Result<hdrhistogram::Histogram<u64>, String> {
+    let start = Instant::now();
+    while domain.state().members() != expected {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err(format!(
+                "members did not join within 10 s: {:#b}",
+                domain.state().members()
+            ));
+        }
+        std::thread::yield_now();
+    }
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    for i in 0..warmup + iterations {
+        let t0 = Instant::now();
+        let done = origin.multicast(i, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+        let ns = t0.elapsed().as_nanos() as u64;
+        assert_eq!(done.targets, expected & !1, "reached_exactly_the_group");
+        if i >= warmup {
+            h.record(ns.max(1)).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(h)
 }
 
 /// `spindle fanout calibrate`.

@@ -14,7 +14,6 @@
 //! file is removed by a guard, also when a check fails. (`harness =
 //! false`: `main` runs the cases, or one member when re-executed.)
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -22,6 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use spindle_fanout::model::Rng;
+
+mod common;
 use spindle_fanout::{Domain, FanoutError, Layout, Shape, Tree, WaitConfig};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -180,47 +181,22 @@ fn random_members_reach_exactly_the_snapshot(layout: Layout, seed: u64) {
             .collect(),
     );
     children.wait_all();
-    let mut by_seq: BTreeMap<u64, BTreeSet<usize>> = BTreeMap::new();
+    let mut deliveries = Vec::new();
     let mut completions = Vec::new();
     for path in &logs {
         for line in std::fs::read_to_string(path).expect("a member's log").lines() {
             let f: Vec<&str> = line.split(' ').collect();
             let (a, b): (u64, u64) = (f[1].parse().unwrap(), f[2].parse().unwrap());
             match f[0] {
-                "D" => assert!(
-                    by_seq.entry(a).or_default().insert(b as usize),
-                    "{layout:?}: seq {a} delivered twice at {b}"
-                ),
+                "D" => deliveries.push((a, b as usize)),
                 "C" => completions.push((a, b)),
                 other => panic!("bad log line kind {other}"),
             }
         }
     }
-    assert!(
-        completions.len() > 10,
-        "{layout:?}: the members multicast ({} completions)",
-        completions.len()
-    );
-    let delivered: usize = by_seq.values().map(BTreeSet::len).sum();
+    let delivered = common::check_exactly_the_snapshots(&format!("{layout:?}"), SLOTS, &deliveries, &completions, 11);
     assert!(delivered > 0, "{layout:?}: messages crossed processes");
     print!("({} multicasts, {delivered} deliveries) ", completions.len());
-    let completed: BTreeSet<u64> = completions.iter().map(|c| c.0).collect();
-    assert_eq!(
-        completed.len(),
-        completions.len(),
-        "{layout:?}: each seq completes once"
-    );
-    for &(seq, targets) in &completions {
-        let want: BTreeSet<usize> = (0..SLOTS).filter(|s| targets & (1 << s) != 0).collect();
-        let got = by_seq.get(&seq).cloned().unwrap_or_default();
-        assert_eq!(got, want, "{layout:?}: multicast {seq} reached exactly its snapshot");
-    }
-    for seq in by_seq.keys() {
-        assert!(
-            completed.contains(seq),
-            "{layout:?}: delivery of {seq}, which never completed"
-        );
-    }
     assert_eq!(domain.state().members(), 0, "{layout:?}: every member left");
     assert_eq!(domain.state().failed_seq(), 0);
     let path = domain.shm_path().expect("a mapped domain").to_path_buf();

@@ -125,26 +125,7 @@ pub fn measure(
                     let child = c.spawn().map_err(|e| format!("spawn {}: {e}", exe.display()))?;
                     children.0.push((slot, child));
                 }
-                let start = Instant::now();
-                while domain.state().members() != expected {
-                    if start.elapsed() > Duration::from_secs(10) {
-                        return Err(format!(
-                            "member processes did not join within 10 s: {:#b}",
-                            domain.state().members()
-                        ));
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
-                for i in 0..warmup + iterations {
-                    let t0 = Instant::now();
-                    let done = origin.multicast(i, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-                    let ns = t0.elapsed().as_nanos() as u64;
-                    assert_eq!(done.targets, expected & !1, "reached_exactly_the_group");
-                    if i >= warmup {
-                        h.record(ns.max(1)).map_err(|e| e.to_string())?;
-                    }
-                }
+                let h = super::time_multicasts(&domain, &mut origin, expected, warmup, iterations)?;
                 origin.leave(Duration::from_secs(1)).map_err(|e| e.to_string())?;
                 drop(origin);
                 // Wake the members' sleeps: they see the origin gone.
