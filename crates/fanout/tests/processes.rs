@@ -2,8 +2,9 @@
 //! with `--member ...`) attached to one `/dev/shm` domain.
 //!
 //! - random joins, leaves and multicasts from three member processes, in
-//!   the flat, tree_help and tree_help_skip layouts: every multicast
-//!   reaches exactly its snapshot of members, once, and completes;
+//!   every layout (for the broadcast, `tree`, this process relays at the
+//!   root): every multicast reaches exactly its snapshot of members,
+//!   once, and completes;
 //! - a member process killed (SIGKILL) without leaving: the next
 //!   multicast returns `AckTimeout` naming its slot (not a hang), and its
 //!   slot is taken over once the process is reaped;
@@ -131,6 +132,18 @@ fn member_random(name: &str, slot: usize, seed: u64, log_path: &Path) {
     if joined {
         port.leave(TIMEOUT).expect("leave");
     }
+    if domain.state().layout().interrupts_non_members() {
+        // A broadcast needs every slot served: keep serving until every
+        // member process is done (a marker file each), bounded.
+        std::fs::write(log_path.with_extension("done"), "").expect("write the marker");
+        let start = Instant::now();
+        let all_done =
+            || (1..domain.state().slots()).all(|s| log_path.with_file_name(format!("member-{s}.done")).exists());
+        while !all_done() {
+            assert!(start.elapsed() < TIMEOUT, "the other members did not finish");
+            port.serve(Duration::from_millis(1));
+        }
+    }
     let mut out = String::new();
     for (seq, s) in deliveries.lock().unwrap().iter() {
         out += &format!("D {seq} {s}\n");
@@ -156,7 +169,7 @@ fn random_members_reach_exactly_the_snapshot(layout: Layout, seed: u64) {
     const SLOTS: usize = 4;
     let name = unique_name(&format!("random-{}", layout.name()));
     let _guard = ShmGuard(name.clone());
-    // Slot 0 (the root) stays empty: helping forwards on its behalf.
+    // Slot 0 (the root) has no member: helping forwards on its behalf.
     let domain = Domain::create_shm(
         &name,
         Tree::build(Shape::Kary(2), SLOTS).unwrap(),
@@ -180,7 +193,23 @@ fn random_members_reach_exactly_the_snapshot(layout: Layout, seed: u64) {
             })
             .collect(),
     );
+    // The root (slot 0) is no member; a broadcast interrupts it, so here
+    // this process serves it as a relay until the members are done.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let relay = layout.interrupts_non_members().then(|| {
+        let (domain, stop) = (domain.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut port = domain.attach(0, |_| panic!("the relay is no target")).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                port.serve(Duration::from_millis(5));
+            }
+        })
+    });
     children.wait_all();
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    if let Some(relay) = relay {
+        relay.join().expect("the relay thread");
+    }
     let mut deliveries = Vec::new();
     let mut completions = Vec::new();
     for path in &logs {
@@ -346,7 +375,7 @@ fn main() {
         return;
     }
     type Case = (&'static str, fn());
-    let cases: [Case; 5] = [
+    let cases: [Case; 6] = [
         (
             "bad_inputs_of_processes_have_their_errors",
             bad_inputs_of_processes_have_their_errors,
@@ -355,6 +384,9 @@ fn main() {
             "a_killed_member_is_named_by_ack_timeout_and_its_slot_taken_over",
             a_killed_member_is_named_by_ack_timeout_and_its_slot_taken_over,
         ),
+        ("random_members_reach_exactly_the_snapshot_tree", || {
+            random_members_reach_exactly_the_snapshot(Layout::Tree, 10)
+        }),
         ("random_members_reach_exactly_the_snapshot_flat", || {
             random_members_reach_exactly_the_snapshot(Layout::Flat, 11)
         }),
@@ -365,9 +397,28 @@ fn main() {
             random_members_reach_exactly_the_snapshot(Layout::TreeHelpSkip, 13)
         }),
     ];
-    // `cargo test` passes a filter (and flags) through: run the cases
-    // whose name contains every non-flag argument.
-    let filters: Vec<&String> = args[1..].iter().filter(|a| !a.starts_with('-')).collect();
+    // `cargo test` passes filters and libtest's flags through: run the
+    // cases whose name contains every filter; `--list` lists them (in
+    // libtest's terse format), `--ignored` runs none (none is ignored).
+    const FLAGS_WITH_VALUE: [&str; 6] = ["--test-threads", "--skip", "--color", "--format", "--logfile", "-Z"];
+    let mut filters = Vec::new();
+    let mut rest = args[1..].iter();
+    while let Some(arg) = rest.next() {
+        if FLAGS_WITH_VALUE.contains(&arg.as_str()) {
+            rest.next();
+        } else if !arg.starts_with('-') {
+            filters.push(arg);
+        }
+    }
+    if args.iter().any(|a| a == "--list") {
+        for (name, _) in &cases {
+            println!("{name}: test");
+        }
+        return;
+    }
+    if args.iter().any(|a| a == "--ignored") {
+        return;
+    }
     let mut ran = 0;
     for (name, case) in cases {
         if filters.iter().all(|f| name.contains(f.as_str())) {
