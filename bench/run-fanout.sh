@@ -12,6 +12,7 @@ R=bench/results
 uptime
 $B fanout calibrate --json $R/fanout-calibration.json
 $B fanout bench --iterations 20000 --warmup 2000 --json $R/fanout-bench.json --svg $R/fanout-bench.svg
+$B fanout bench --procs --iterations 20000 --warmup 2000 --json $R/fanout-procs-bench.json
 $B fanout sim --params $R/fanout-calibration.json --validate $R/fanout-bench.json \
     --json $R/fanout-sim.json --svg $R/fanout-sim.svg
 if [ "${FANOUT_16CORE:-0}" = 1 ]; then

@@ -14,6 +14,7 @@
 
 pub mod plot;
 pub mod probe;
+pub mod procs;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use spindle_fanout::model::{self, Params};
-use spindle_fanout::{Domain, Layout, Shape, Tree, WaitConfig};
+use spindle_fanout::{Domain, Layout, Port, Shape, Tree};
 
 use crate::report::Machine;
 
@@ -35,6 +36,9 @@ pub enum FanoutCommand {
     Calibrate(CalibrateArgs),
     /// The calibrated model for 4–256 cores (SIMULATED).
     Sim(SimArgs),
+    /// (internal) one member process of `fanout bench --procs`.
+    #[command(hide = true)]
+    Member(procs::MemberArgs),
 }
 
 #[derive(clap::Args)]
@@ -53,6 +57,11 @@ pub struct BenchArgs {
     pub iterations: u64,
     #[arg(long, default_value_t = 2_000)]
     pub warmup: u64,
+    /// Also measure with every member but the origin a separate process
+    /// on one /dev/shm domain (rows with `mode: processes`, next to the
+    /// thread rows of the same run).
+    #[arg(long)]
+    pub procs: bool,
     #[arg(long)]
     pub json: Option<PathBuf>,
     #[arg(long)]
@@ -101,12 +110,19 @@ pub struct Latency {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Row {
     pub layout: String,
+    /// `threads` (one process) or `processes` (members over /dev/shm).
+    #[serde(default = "threads")]
+    pub mode: String,
     pub members: usize,
     /// Cores (slots of the tree) of the machine, real or modelled.
     pub cores: usize,
     pub simulated: bool,
     pub latency_ns: Latency,
     pub samples: u64,
+}
+
+fn threads() -> String {
+    "threads".into()
 }
 
 /// The probes of a bench run (same run as its rows).
@@ -122,6 +138,19 @@ pub struct Probes {
     pub leave_over_round_trip: f64,
     /// Whether join, leave and the 2-member p50 are within 2x the round trip.
     pub within_2x_round_trip: bool,
+    /// With `--procs`: the 2-member p50 with the member a process,
+    /// tree_help_skip and flat, over the round trip.
+    #[serde(default)]
+    pub procs_two_member_p50_over_round_trip: Option<f64>,
+    #[serde(default)]
+    pub procs_two_member_flat_p50_over_round_trip: Option<f64>,
+    /// From a wake to the sleeper running again, median: the futex word
+    /// the ports sleep on, and std's thread unpark (what the thread mode
+    /// used before), same run.
+    #[serde(default)]
+    pub wake_futex_ns: Option<f64>,
+    #[serde(default)]
+    pub wake_unpark_ns: Option<f64>,
 }
 
 /// Model against a real run, one point.
@@ -220,6 +249,7 @@ pub fn run(command: FanoutCommand) -> Result<(), String> {
         FanoutCommand::Bench(args) => bench(args),
         FanoutCommand::Calibrate(args) => calibrate(args),
         FanoutCommand::Sim(args) => sim(args),
+        FanoutCommand::Member(args) => procs::member(args),
     }
 }
 
@@ -296,35 +326,50 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
         tree.cpu_of_slot(1.min(slots - 1)) as usize,
     );
     let (join_ns, leave_ns) = probe::join_leave_ns();
-    println!("  cache-line round trip {round_trip_ns:.0} ns; join {join_ns:.1} ns, leave {leave_ns:.1} ns");
-    for layout in Layout::ALL {
-        for &members in &sizes {
-            let h = measure(&tree, layout, members, args.warmup, args.iterations)?;
-            let row = Row {
-                layout: layout.name().into(),
-                members,
-                cores: slots,
-                simulated: false,
-                latency_ns: Latency {
-                    p50: h.value_at_quantile(0.5) as f64,
-                    p99: h.value_at_quantile(0.99) as f64,
-                },
-                samples: h.len(),
-            };
-            println!(
-                "  {:<15} {:>3} members: p50 {:>8.0} ns  p99 {:>8.0} ns",
-                row.layout, members, row.latency_ns.p50, row.latency_ns.p99
-            );
-            out.rows.push(row);
+    let (wake_futex_ns, wake_unpark_ns) = (probe::wake_ns(), probe::unpark_wake_ns());
+    println!("  cache-line round trip {round_trip_ns:.0} ns; join {join_ns:.1} ns, leave {leave_ns:.1} ns; wake: futex {wake_futex_ns:.0} ns, unpark {wake_unpark_ns:.0} ns");
+    let modes: &[&str] = if args.procs {
+        &["threads", "processes"]
+    } else {
+        &["threads"]
+    };
+    for &mode in modes {
+        for layout in Layout::ALL {
+            for &members in &sizes {
+                let h = if mode == "threads" {
+                    measure(&tree, layout, members, args.warmup, args.iterations)?
+                } else {
+                    procs::measure(&tree, layout, members, args.warmup, args.iterations)?
+                };
+                let row = Row {
+                    layout: layout.name().into(),
+                    mode: mode.into(),
+                    members,
+                    cores: slots,
+                    simulated: false,
+                    latency_ns: Latency {
+                        p50: h.value_at_quantile(0.5) as f64,
+                        p99: h.value_at_quantile(0.99) as f64,
+                    },
+                    samples: h.len(),
+                };
+                println!(
+                    "  {:<9} {:<15} {:>3} members: p50 {:>8.0} ns  p99 {:>8.0} ns",
+                    row.mode, row.layout, members, row.latency_ns.p50, row.latency_ns.p99
+                );
+                out.rows.push(row);
+            }
         }
     }
     out.ratio_to_flat = ratios_to_flat(&out.rows);
-    let p50 = |layout: &str| {
+    let p50_of = |mode: &str, layout: &str| {
         out.rows
             .iter()
-            .find(|r| r.layout == layout && r.members == 2)
+            .find(|r| r.mode == mode && r.layout == layout && r.members == 2)
             .map(|r| r.latency_ns.p50)
     };
+    let p50 = |layout: &str| p50_of("threads", layout);
+    let procs_over = |layout: &str| p50_of("processes", layout).map(|p| p / round_trip_ns);
     if let (Some(skip), Some(flat)) = (p50("tree_help_skip"), p50("flat")) {
         let probes = Probes {
             cache_line_round_trip_ns: round_trip_ns,
@@ -337,6 +382,10 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
             within_2x_round_trip: skip <= 2.0 * round_trip_ns
                 && join_ns <= 2.0 * round_trip_ns
                 && leave_ns <= 2.0 * round_trip_ns,
+            procs_two_member_p50_over_round_trip: procs_over("tree_help_skip"),
+            procs_two_member_flat_p50_over_round_trip: procs_over("flat"),
+            wake_futex_ns: Some(wake_futex_ns),
+            wake_unpark_ns: Some(wake_unpark_ns),
         };
         println!(
             "  2 members: tree_help_skip p50 {:.2}x, flat {:.2}x the round trip; join {:.2}x, leave {:.2}x: within 2x: {}",
@@ -346,18 +395,30 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
             probes.leave_over_round_trip,
             probes.within_2x_round_trip
         );
+        if let (Some(skip), Some(flat)) = (
+            probes.procs_two_member_p50_over_round_trip,
+            probes.procs_two_member_flat_p50_over_round_trip,
+        ) {
+            println!("  2 members as processes: tree_help_skip p50 {skip:.2}x, flat {flat:.2}x the round trip");
+        }
         out.probes = Some(probes);
     } else {
         out.probes = Some(Probes {
             cache_line_round_trip_ns: round_trip_ns,
             join_ns,
             leave_ns,
+            wake_futex_ns: Some(wake_futex_ns),
+            wake_unpark_ns: Some(wake_unpark_ns),
             ..Probes::default()
         });
     }
     write_json(&args.json, &out)?;
     if let Some(svg) = &args.svg {
-        plot::write_curves(svg, &out, None)?;
+        // The curves are the thread rows (the process rows are 2-member
+        // points, in the JSON).
+        let mut threads_only = out.clone();
+        threads_only.rows.retain(|r| r.mode == "threads");
+        plot::write_curves(svg, &threads_only, None)?;
         println!("wrote {}", svg.display());
     }
     Ok(())
@@ -368,8 +429,13 @@ fn ratios_to_flat(rows: &[Row]) -> Vec<(String, usize, f64)> {
         .filter_map(|r| {
             let flat = rows
                 .iter()
-                .find(|f| f.layout == "flat" && f.members == r.members && f.cores == r.cores)?;
-            (r.layout != "flat").then(|| (r.layout.clone(), r.members, r.latency_ns.p50 / flat.latency_ns.p50))
+                .find(|f| f.layout == "flat" && f.mode == r.mode && f.members == r.members && f.cores == r.cores)?;
+            let name = if r.mode == "threads" {
+                r.layout.clone()
+            } else {
+                format!("{}@{}", r.layout, r.mode)
+            };
+            (r.layout != "flat").then(|| (name, r.members, r.latency_ns.p50 / flat.latency_ns.p50))
         })
         .collect()
 }
@@ -390,11 +456,7 @@ fn measure(
     warmup: u64,
     iterations: u64,
 ) -> Result<hdrhistogram::Histogram<u64>, String> {
-    let wait = WaitConfig {
-        spins: 1 << 20,
-        park_max: Duration::from_millis(1),
-    };
-    let domain = Domain::new(tree.clone(), layout, wait).map_err(|e| e.to_string())?;
+    let domain = Domain::new(tree.clone(), layout, procs::bench_wait()).map_err(|e| e.to_string())?;
     let group = group_slots(tree.slots(), members);
     let serving: Vec<usize> = if layout.interrupts_non_members() {
         (1..tree.slots()).collect()
@@ -418,12 +480,7 @@ fn measure(
                 if joins {
                     port.join().map_err(|e| e.to_string())?;
                 } else {
-                    // A non-member of a broadcast is busy elsewhere: it
-                    // parks, and the broadcast interrupts (wakes) it.
-                    port.set_wait(WaitConfig {
-                        spins: 0,
-                        park_max: Duration::from_millis(50),
-                    });
+                    port.set_wait(procs::relay_wait());
                 }
                 while !stop.load(Ordering::Acquire) {
                     port.serve(Duration::from_millis(50));
@@ -440,27 +497,7 @@ fn measure(
             let _ = probe::pin_to_cpu(origin_cpu);
             let mut origin = domain.attach(0, |_| {}).map_err(|e| e.to_string())?;
             origin.join().map_err(|e| e.to_string())?;
-            let start = Instant::now();
-            while domain.state().members() != expected {
-                if start.elapsed() > Duration::from_secs(10) {
-                    return Err(format!(
-                        "members did not join within 10 s: {:#b}",
-                        domain.state().members()
-                    ));
-                }
-                std::thread::yield_now();
-            }
-            let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
-            for i in 0..warmup + iterations {
-                let t0 = Instant::now();
-                let done = origin.multicast(i, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-                let ns = t0.elapsed().as_nanos() as u64;
-                assert_eq!(done.targets, expected & !1, "reached_exactly_the_group");
-                if i >= warmup {
-                    h.record(ns.max(1)).map_err(|e| e.to_string())?;
-                }
-            }
-            Ok(h)
+            time_multicasts(&domain, &mut origin, expected, warmup, iterations)
         })
         .join()
         .map_err(|_| "the origin thread panicked".to_string())?
@@ -477,6 +514,39 @@ fn measure(
         }
     }
     result
+}
+
+/// The origin's part of a measurement: wait (at most 10 s) until the
+/// members are exactly `expected`, then time `warmup + iterations`
+/// multicasts (the warm-up ones not recorded).
+pub(crate) fn time_multicasts(
+    domain: &Domain,
+    origin: &mut Port,
+    expected: u64,
+    warmup: u64,
+    iterations: u64,
+) -> Result<hdrhistogram::Histogram<u64>, String> {
+    let start = Instant::now();
+    while domain.state().members() != expected {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err(format!(
+                "members did not join within 10 s: {:#b}",
+                domain.state().members()
+            ));
+        }
+        std::thread::yield_now();
+    }
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    for i in 0..warmup + iterations {
+        let t0 = Instant::now();
+        let done = origin.multicast(i, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+        let ns = t0.elapsed().as_nanos() as u64;
+        assert_eq!(done.targets, expected & !1, "reached_exactly_the_group");
+        if i >= warmup {
+            h.record(ns.max(1)).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(h)
 }
 
 /// `spindle fanout calibrate`.
@@ -560,6 +630,7 @@ pub fn sim(args: SimArgs) -> Result<(), String> {
             for p in points {
                 out.rows.push(Row {
                     layout: layout.name().into(),
+                    mode: threads(),
                     members: p.members,
                     cores,
                     simulated: true,
@@ -660,21 +731,32 @@ mod tests {
     fn ratios_are_against_flat_at_the_same_size() {
         let row = |layout: &str, members, p50| Row {
             layout: layout.into(),
+            mode: threads(),
             members,
             cores: 4,
             simulated: true,
             latency_ns: Latency { p50, p99: p50 },
             samples: 1,
         };
-        let rows = vec![
+        let mut rows = vec![
             row("flat", 2, 100.0),
             row("tree", 2, 250.0),
             row("flat", 4, 200.0),
             row("tree", 4, 100.0),
         ];
+        // Process rows are compared with the process flat row only.
+        for (layout, p50) in [("flat", 400.0), ("tree", 100.0)] {
+            let mut r = row(layout, 2, p50);
+            r.mode = "processes".into();
+            rows.push(r);
+        }
         assert_eq!(
             ratios_to_flat(&rows),
-            vec![("tree".to_string(), 2, 2.5), ("tree".to_string(), 4, 0.5)]
+            vec![
+                ("tree".to_string(), 2, 2.5),
+                ("tree".to_string(), 4, 0.5),
+                ("tree@processes".to_string(), 2, 0.25)
+            ]
         );
     }
 

@@ -9,6 +9,8 @@ pub enum FanoutError {
     SlotOccupied { slot: usize },
     #[error("slot {slot} already has a port attached (one thread serves a slot)")]
     SlotAttached { slot: usize },
+    #[error("slot {slot} is held by process {pid}, which is alive (a slot is taken over only once its process is gone and reaped)")]
+    SlotTaken { slot: usize, pid: u32 },
     #[error("slot {slot} is not joined: only a member can leave")]
     NotJoined { slot: usize },
     #[error("slot {slot} is not a member: only a member can multicast")]
@@ -34,4 +36,16 @@ pub enum FanoutError {
     BadLayout { layout: String },
     #[error("{slots} slots asked of the cpu topology under {path}, which describes {cpus} cpus")]
     TopologyTooSmall { slots: usize, cpus: usize, path: String },
+    #[error("bad shared-memory domain name '{name}': 1..=200 characters, none of them '/' or NUL")]
+    BadShmName { name: String },
+    #[error(
+        "{path} already exists: another domain of that name (remove it with Domain::remove_shm if its creator is gone)"
+    )]
+    ShmExists { path: String },
+    #[error("{path} does not exist: no domain of that name (create it first)")]
+    ShmMissing { path: String },
+    #[error("{path} is not a usable fanout domain: {what}")]
+    ShmMismatch { path: String, what: String },
+    #[error("{path}: {op} failed: {error}")]
+    ShmIo { path: String, op: String, error: String },
 }

@@ -1,6 +1,8 @@
 //! # spindle-fanout — acknowledged multicast over a static tree
 //!
-//! Members (threads of one process) occupy slots of a static tree built
+//! Members (threads of one process, or processes attached to one
+//! shared-memory file: [`Domain::create_shm`], [`Domain::open_shm`],
+//! module [`shm`]) occupy slots of a static tree built
 //! from the machine's CPU topology ([`Shape::Cpu`]; flat and k-ary shapes
 //! too). Membership is one bit-mask word: [`Port::join`] and
 //! [`Port::leave`] are one atomic operation each, safe while a multicast
@@ -15,10 +17,13 @@
 //! (members forward on behalf of non-member scatter nodes) and
 //! `tree_help_skip` (subtrees without a member are jumped over, by a range
 //! test on the mask). Acknowledgements combine up the tree in one counter
-//! per gather node, each on its own cache line. Waiting spins, then parks;
-//! a parked port is woken by whoever writes what it waits for.
+//! per gather node, each on its own cache line. Waiting spins, yields,
+//! then sleeps on its slot's futex word ([`WakeWord`], shared between
+//! processes); a sleeping port is woken by whoever writes what it waits
+//! for.
 //!
-//! The protocol steps ([`State`]) are atomics only; the runtime
+//! The protocol steps ([`State`]) are atomics only, over one `#[repr(C)]`
+//! [`state::Region`] (on the heap, or mapped); the runtime
 //! ([`Domain`], [`Port`]) owns waiting, parking and time. [`model`] is a
 //! discrete-event model of the same protocol on a many-core, with costs
 //! calibrated on a real machine.
@@ -49,6 +54,8 @@ mod error;
 pub mod model;
 pub mod plan;
 mod runtime;
+#[cfg(not(loom))]
+pub mod shm;
 pub mod state;
 mod sync;
 pub mod topology;
@@ -57,4 +64,5 @@ pub use error::FanoutError;
 pub use plan::Layout;
 pub use runtime::{Completion, Delivery, Domain, Port, WaitConfig};
 pub use state::State;
+pub use sync::WakeWord;
 pub use topology::{Shape, SlotSet, Tree, SLOTS_MAX, SLOTS_MAX_LIVE};

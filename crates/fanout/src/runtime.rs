@@ -1,27 +1,33 @@
-//! The runtime of a live domain: the threads that serve slots, their
-//! waiting (spin, then park) and waking, and the time bounds. The
-//! protocol steps are [`State`]'s; this part only waits for them.
+//! The runtime of a live domain: the ports that serve slots, their
+//! waiting (spin, yield, then sleep on the slot's futex word) and the
+//! time bounds. The protocol steps are [`State`]'s; this part only waits
+//! for them.
 //!
-//! A [`Port`] is one thread's attachment to one slot. The thread that
-//! attaches is the one woken for that slot, so a port is used by the
-//! thread that created it.
+//! A domain of threads ([`Domain::new`]) keeps its [`State`] on the heap;
+//! a domain of processes ([`Domain::create_shm`], [`Domain::open_shm`])
+//! maps it from `/dev/shm/spindle-fanout@NAME`. A [`Port`] is one
+//! attachment to one slot (one port per slot, machine-wide: the slot
+//! records its process). Every wake goes to the slot's futex word, so a
+//! port may move between threads.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::plan::Layout;
-use crate::state::{Claim, Flight, State, Wake};
+use crate::state::{Claim, Flight, State};
 
-use crate::sync::{current, park_bounded, spin_pass, AtomicBool, AtomicU64, Mutex, Ordering, Thread};
+use crate::sync::{spin_pass, yield_pass, AtomicBool, Ordering};
 use crate::topology::Tree;
 use crate::FanoutError;
 
 /// How a waiting port spends its time.
 #[derive(Clone, Copy, Debug)]
 pub struct WaitConfig {
-    /// Passes that spin before the port parks.
+    /// Passes that spin before the port yields.
     pub spins: u32,
-    /// The longest single park (a bound: a missed wake costs at most this).
+    /// Passes that yield the CPU (after spinning) before the port sleeps.
+    pub yields: u32,
+    /// The longest single sleep (a bound: a missed wake costs at most this).
     pub park_max: Duration,
 }
 
@@ -29,6 +35,7 @@ impl Default for WaitConfig {
     fn default() -> WaitConfig {
         WaitConfig {
             spins: 20_000,
+            yields: 64,
             park_max: Duration::from_millis(10),
         }
     }
@@ -51,56 +58,77 @@ pub struct Completion {
 }
 
 /// A fanout domain: a static tree of slots, the layout multicasts use,
-/// the shared state and the threads attached to slots.
+/// and the shared state, seen from this process.
 pub struct Domain {
     state: State,
     wait: WaitConfig,
-    attached: AtomicU64,
     shutdown: AtomicBool,
-    threads: Box<[Mutex<Option<Thread>>]>,
-}
-
-impl Wake for Domain {
-    fn wake(&self, slot: usize) {
-        let thread = self.threads[slot].lock().unwrap();
-        if let Some(thread) = thread.as_ref() {
-            thread.unpark();
-        }
-    }
+    /// This process (what a port records in its slot).
+    pid: u32,
 }
 
 impl Domain {
+    /// A domain of threads of this process.
     pub fn new(tree: Tree, layout: Layout, wait: WaitConfig) -> Result<Arc<Domain>, FanoutError> {
-        let slots = tree.slots();
-        let state = State::new(tree, layout)?;
-        Ok(Arc::new(Domain {
+        Ok(Domain::over(State::new(tree, layout)?, wait))
+    }
+
+    fn over(state: State, wait: WaitConfig) -> Arc<Domain> {
+        Arc::new(Domain {
             state,
             wait,
-            attached: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
-            threads: (0..slots).map(|_| Mutex::new(None)).collect(),
-        }))
+            pid: std::process::id(),
+        })
+    }
+
+    /// A domain of processes: create `/dev/shm/spindle-fanout@NAME` and
+    /// map it. Other processes attach with [`Domain::open_shm`]. The file
+    /// is removed when this domain drops (or by [`Domain::remove_shm`]
+    /// if this process dies first).
+    #[cfg(not(loom))]
+    pub fn create_shm(name: &str, tree: Tree, layout: Layout, wait: WaitConfig) -> Result<Arc<Domain>, FanoutError> {
+        Ok(Domain::over(crate::shm::create(name, tree, layout)?, wait))
+    }
+
+    /// Map the domain of processes `name` made by [`Domain::create_shm`]:
+    /// its tree and layout are the creator's (checked: magic, version,
+    /// region layout tag, shape, slots, the tree rebuilt here).
+    #[cfg(not(loom))]
+    pub fn open_shm(name: &str, wait: WaitConfig) -> Result<Arc<Domain>, FanoutError> {
+        Ok(Domain::over(crate::shm::open(name)?, wait))
+    }
+
+    /// Remove domain `name`'s file (its creator is gone). Processes that
+    /// mapped it keep their mapping. Returns whether there was a file.
+    #[cfg(not(loom))]
+    pub fn remove_shm(name: &str) -> Result<bool, FanoutError> {
+        crate::shm::remove(name)
+    }
+
+    /// The file a domain of processes is mapped from.
+    #[cfg(not(loom))]
+    pub fn shm_path(&self) -> Option<&std::path::Path> {
+        self.state.mapping().map(|m| m.path())
     }
 
     pub fn state(&self) -> &State {
         &self.state
     }
 
-    /// Attach the calling thread to `slot`; `handler` runs for every
-    /// message delivered there (after forwarding, before acknowledging).
+    /// Attach to `slot`; `handler` runs for every message delivered
+    /// there (after forwarding, before acknowledging). Refused if a port
+    /// of this process holds the slot, or one of another process that is
+    /// alive; the slot of a process that is gone (and reaped) is taken
+    /// over, membership included.
     pub fn attach(
         self: &Arc<Domain>,
         slot: usize,
         handler: impl FnMut(Delivery) + Send + 'static,
     ) -> Result<Port, FanoutError> {
-        self.state.check_slot(slot)?;
-        let bit = 1u64 << slot;
-        if self.attached.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
-            return Err(FanoutError::SlotAttached { slot });
-        }
-        *self.threads[slot].lock().unwrap() = Some(current());
+        self.state.take_slot(slot, self.pid, process_alive)?;
         // Everything after the last acknowledged message is still to do
-        // (a member joined before its thread attached).
+        // (a member joined before its port attached, or a taken-over slot).
         let last_seen = self.state.acked_seq(slot);
         Ok(Port {
             domain: self.clone(),
@@ -112,11 +140,12 @@ impl Domain {
         })
     }
 
-    /// Ask every port to stop waiting (their `serve` returns).
+    /// Ask every port of this process to stop waiting (their `serve`
+    /// returns).
     pub fn shutdown(&self) {
         self.shutdown.store(true, Ordering::Release);
         for slot in 0..self.state.slots() {
-            self.wake(slot);
+            self.state.wake_word(slot).wake();
         }
     }
 
@@ -125,7 +154,17 @@ impl Domain {
     }
 }
 
-/// One thread's attachment to one slot of a [`Domain`].
+#[cfg(not(loom))]
+fn process_alive(pid: u32) -> bool {
+    crate::shm::process_alive(pid)
+}
+
+#[cfg(loom)]
+fn process_alive(_pid: u32) -> bool {
+    true
+}
+
+/// One attachment to one slot of a [`Domain`].
 pub struct Port {
     domain: Arc<Domain>,
     slot: usize,
@@ -139,8 +178,7 @@ impl Drop for Port {
     /// Detach. Membership is left as it is: a member that goes away
     /// without leaving is found by the next multicast's bounded wait.
     fn drop(&mut self) {
-        *self.domain.threads[self.slot].lock().unwrap() = None;
-        self.domain.attached.fetch_and(!(1 << self.slot), Ordering::AcqRel);
+        self.domain.state.release_slot(self.slot, self.domain.pid);
     }
 }
 
@@ -200,7 +238,7 @@ impl Port {
         let mine = if state.layout() == Layout::Flat {
             message.ack_to
         } else {
-            state.scatter(self.slot, message, &*self.domain)
+            state.scatter(self.slot, message)
         };
         if state.is_target(self.slot, &message) {
             (self.handler)(Delivery {
@@ -210,7 +248,7 @@ impl Port {
             });
             self.delivered += 1;
         }
-        state.acknowledge(self.slot, message.seq, mine, &*self.domain);
+        state.acknowledge(self.slot, message.seq, mine);
         1
     }
 
@@ -233,7 +271,7 @@ impl Port {
         let deadline = Instant::now() + timeout;
         let flight = self.claim(deadline, timeout)?;
         let domain = self.domain.clone();
-        domain.state.start(&flight, payload, &*domain);
+        domain.state.start(&flight, payload);
         let mut cursor = 0usize;
         let done = self.idle_until(deadline, Some(&flight), |port| {
             port.poll();
@@ -285,10 +323,11 @@ impl Port {
         }
     }
 
-    /// Spin, then park, until `done` (which may do work) says so or the
-    /// deadline passes. Before parking the port arms the words it waits
-    /// on (its mailbox, and for an origin the flight's word: see
-    /// [`State::arm_flight`]); it parks only if all are still unchanged,
+    /// Spin, yield, then sleep, until `done` (which may do work) says so
+    /// or the deadline passes. Before sleeping the port reads its slot's
+    /// wake word, then arms the words it waits on (its mailbox, and for an
+    /// origin the flight's word: see [`State::arm_flight`]); it sleeps
+    /// only if all are still unchanged, while the wake word is unchanged,
     /// for at most `park_max`.
     fn idle_until(
         &mut self,
@@ -314,10 +353,17 @@ impl Port {
             if now >= deadline {
                 return false;
             }
+            if passes - wait.spins <= wait.yields {
+                yield_pass();
+                continue;
+            }
             let state = &self.domain.state;
+            let word = state.wake_word(self.slot);
+            // Read before arming: a wake after this changes it (WakeWord).
+            let seen = word.prepare();
             let armed = state.arm_mailbox(self.slot, self.last_seen) && flight.is_none_or(|f| state.arm_flight(f));
             if armed {
-                park_bounded(wait.park_max.min(deadline - now));
+                word.wait(seen, wait.park_max.min(deadline - now));
             }
         }
     }

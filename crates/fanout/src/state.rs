@@ -1,35 +1,51 @@
 //! The shared state of a fanout domain and the protocol steps on it:
 //! membership, claiming a multicast, scatter (send, help, skip), gather
-//! (combining acknowledgements), completion. Atomics only: no threads, no
-//! clock, no parking. Waking a parked slot is asked of the caller through
-//! [`Wake`]; waiting is the runtime's ([`crate::Domain`], [`crate::Port`]).
+//! (combining acknowledgements), completion, and the wake-ups they owe.
+//! Atomics only: no threads, no clock; a parked slot is woken through
+//! its [`WakeWord`] (a futex word), waiting is the runtime's
+//! ([`crate::Domain`], [`crate::Port`]).
+//!
+//! All of it lives in one [`Region`], `#[repr(C)]`, fixed-width atomics,
+//! every part on its own 64-byte line(s): on the heap for a domain of
+//! threads, or mapped from a file (`/dev/shm/spindle-fanout@NAME`) for a
+//! domain of processes ([`crate::shm`]). The same code runs on both.
 //!
 //! ```text
-//!  membership line   members: u64 (bit s = slot s joined; bit 63 IN_FLIGHT)
-//!  flight line       last_seq | snapshot_seq | targets | failed_seq
-//!  completion line   done_seq (+ SLEEPING) | waiter
-//!  mailbox[s] line   seq (+ SLEEPING) | payload | targets | acked_seq (+ SLEEPING) | ack_to
-//!  gather[s] line    pending | ack_to
+//!  offset  line                fields (all little-endian atomics)
+//!  0x0000  header              magic u64 | version u32 | layout u32 | shape u32 | shape_k u32
+//!                              | slots u32 | creator_pid u32 | tree_hash u64 | region_tag u64
+//!  0x0040  membership          members u64 (bit s = slot s joined; bit 63 IN_FLIGHT)
+//!  0x0080  flight              last_seq u64 | snapshot_seq u64 | targets u64 | failed_seq u64
+//!  0x00c0  completion          done_seq u64 (+SLEEPING) | waiter u32
+//!  0x0100  mailbox[0..63]      seq u64 (+SLEEPING) | payload u64 | targets u64
+//!                              | acked_seq u64 (+SLEEPING) | ack_to u32
+//!  0x10c0  gather[0..63]       pending u32 | ack_to u32
+//!  0x2080  slot[0..63]         pid u32 (the attached process; 0: free) | wake u32 (futex word)
+//!  0x3040  end (12,352 bytes; 63 = the live slots, one membership word)
 //! ```
 //!
-//! Waking: a waiter sets [`SLEEPING`] (bit 63) in the very word it waits
-//! on, by a compare-exchange from the value it checked, and parks only if
-//! that succeeded; the writer replaces the word by a swap and wakes the
-//! waiter if the bit was set. One word, so coherence alone rules out a
-//! lost wake-up (no fences; the loom models check it).
+//! All-zero is the initial state (a fresh `ftruncate`d file is a valid
+//! empty domain once its header is written).
 //!
-//! Each is one 64-byte line (`#[repr(C, align(64))]`), so the hot counters
-//! of different gather nodes never share a line. A gather node combines
-//! the acknowledgements of its subtree and, when its `pending` reaches 0,
-//! acknowledges to its own target `ack_to`: another gather node, or
-//! [`ACK_COMPLETE`] (the completion line the origin polls). A node with a
-//! single contribution has no counter: that contribution acknowledges
-//! straight to the node's target (the chain stays as short as the
-//! combining needs).
+//! Waking: a waiter sets [`SLEEPING`] (bit 63) in the very word it waits
+//! on, by a compare-exchange from the value it checked, and sleeps only
+//! if that succeeded; the writer replaces the word by a swap and, if the
+//! bit was set, bumps the waiter's slot's wake word and wakes it (see
+//! [`WakeWord`] for the futex half). One word, so coherence alone rules
+//! out a lost wake-up (no fences; the loom models check it).
+//!
+//! A gather node combines the acknowledgements of its subtree and, when
+//! its `pending` reaches 0, acknowledges to its own target `ack_to`:
+//! another gather node, or [`ACK_COMPLETE`] (the completion line the
+//! origin polls). A node with a single contribution has no counter: that
+//! contribution acknowledges straight to the node's target (the chain
+//! stays as short as the combining needs).
+
+use std::ptr::NonNull;
 
 use crate::plan::{ack_count, child_action, ChildAction, Layout};
-use crate::sync::{AtomicU32, AtomicU64, Ordering};
-use crate::topology::{SlotSet, Tree, SLOTS_MAX_LIVE};
+use crate::sync::{AtomicU32, AtomicU64, Ordering, WakeWord};
+use crate::topology::{SlotSet, Tree};
 use crate::FanoutError;
 
 /// The acknowledgement target "the multicast is complete".
@@ -45,10 +61,12 @@ pub const SLEEPING: u64 = 1 << 63;
 /// modify-write says whether a multicast was in flight when it left.
 pub const IN_FLIGHT: u64 = 1 << 63;
 
-/// Asked of the runtime: wake the thread serving `slot` if it is parked.
-pub trait Wake {
-    fn wake(&self, slot: usize);
-}
+/// Slots a [`Region`] has room for: every live slot (loom models use
+/// small domains, and a small region keeps their state space small).
+#[cfg(not(loom))]
+pub const REGION_SLOTS: usize = crate::topology::SLOTS_MAX_LIVE;
+#[cfg(loom)]
+pub const REGION_SLOTS: usize = 4;
 
 /// A message as a slot's mailbox holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +77,27 @@ pub struct Message {
     pub targets: u64,
     /// Where this slot's subtree acknowledges.
     pub ack_to: u32,
+}
+
+/// What identifies a region: written by the creator of a mapped domain
+/// (the magic last), checked by every process that opens it. Zero in a
+/// heap domain.
+#[repr(C, align(64))]
+pub(crate) struct HeaderLine {
+    pub(crate) magic: AtomicU64,
+    pub(crate) version: AtomicU32,
+    /// The multicast [`Layout`]'s tag (1 flat .. 4 tree_help_skip).
+    pub(crate) layout: AtomicU32,
+    /// The tree's shape tag (1 flat, 2 k-ary, 3 cpu) and its fan-out.
+    pub(crate) shape: AtomicU32,
+    pub(crate) shape_k: AtomicU32,
+    pub(crate) slots: AtomicU32,
+    pub(crate) creator_pid: AtomicU32,
+    /// FNV-1a of the tree's parent array (the tree an opener rebuilds
+    /// from shape and slots must be the creator's).
+    pub(crate) tree_hash: AtomicU64,
+    /// A fingerprint of this struct layout (sizes and offsets).
+    pub(crate) region_tag: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -83,7 +122,7 @@ struct CompletionLine {
 }
 
 #[repr(C, align(64))]
-pub(crate) struct MailboxLine {
+struct MailboxLine {
     seq: AtomicU64,
     payload: AtomicU64,
     targets: AtomicU64,
@@ -97,14 +136,139 @@ struct GatherLine {
     ack_to: AtomicU32,
 }
 
+/// Who holds a slot, and the word its port sleeps on.
+#[repr(C, align(64))]
+struct SlotLine {
+    /// The process attached to the slot (0: free). A slot whose process
+    /// is gone can be taken over ([`State::take_slot`]).
+    pid: AtomicU32,
+    wake: WakeWord,
+}
+
+/// Everything a domain shares, in one `#[repr(C)]` block (the diagram in
+/// the module docs).
+#[repr(C)]
+pub struct Region {
+    pub(crate) header: HeaderLine,
+    membership: MembershipLine,
+    flight: FlightLine,
+    completion: CompletionLine,
+    mailboxes: [MailboxLine; REGION_SLOTS],
+    gathers: [GatherLine; REGION_SLOTS],
+    slots: [SlotLine; REGION_SLOTS],
+}
+
 #[cfg(not(loom))]
 const _: () = {
-    assert!(std::mem::size_of::<MembershipLine>() == 64);
-    assert!(std::mem::size_of::<FlightLine>() == 64);
-    assert!(std::mem::size_of::<CompletionLine>() == 64);
-    assert!(std::mem::size_of::<MailboxLine>() == 64);
-    assert!(std::mem::size_of::<GatherLine>() == 64);
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<HeaderLine>() == 64);
+    assert!(size_of::<MembershipLine>() == 64);
+    assert!(size_of::<FlightLine>() == 64);
+    assert!(size_of::<CompletionLine>() == 64);
+    assert!(size_of::<MailboxLine>() == 64);
+    assert!(size_of::<GatherLine>() == 64);
+    assert!(size_of::<SlotLine>() == 64);
+    assert!(offset_of!(HeaderLine, magic) == 0);
+    assert!(offset_of!(HeaderLine, slots) == 24);
+    assert!(offset_of!(HeaderLine, tree_hash) == 32);
+    assert!(offset_of!(HeaderLine, region_tag) == 40);
+    assert!(offset_of!(MailboxLine, acked_seq) == 24);
+    assert!(offset_of!(SlotLine, wake) == 4);
+    assert!(offset_of!(Region, membership) == 0x40);
+    assert!(offset_of!(Region, flight) == 0x80);
+    assert!(offset_of!(Region, completion) == 0xc0);
+    assert!(offset_of!(Region, mailboxes) == 0x100);
+    assert!(offset_of!(Region, gathers) == 0x10c0);
+    assert!(offset_of!(Region, slots) == 0x2080);
+    assert!(size_of::<Region>() == 0x3040);
+    assert!(std::mem::align_of::<Region>() == 64);
 };
+
+/// The fingerprint of [`Region`]'s layout written in a mapped header: a
+/// binary built with another layout refuses the file.
+#[cfg(not(loom))]
+pub(crate) const REGION_TAG: u64 = {
+    use std::mem::{offset_of, size_of};
+    let parts = [
+        size_of::<Region>() as u64,
+        REGION_SLOTS as u64,
+        offset_of!(Region, mailboxes) as u64,
+        offset_of!(Region, gathers) as u64,
+        offset_of!(Region, slots) as u64,
+        offset_of!(MailboxLine, ack_to) as u64,
+        offset_of!(SlotLine, wake) as u64,
+    ];
+    let mut hash = FNV_OFFSET;
+    let mut i = 0;
+    while i < parts.len() {
+        hash = fnv1a(hash, parts[i]);
+        i += 1;
+    }
+    hash
+};
+
+#[cfg(not(loom))]
+pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// One FNV-1a step over the eight bytes of `value`.
+#[cfg(not(loom))]
+pub(crate) const fn fnv1a(mut hash: u64, value: u64) -> u64 {
+    let bytes = value.to_le_bytes();
+    let mut i = 0;
+    while i < 8 {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}
+
+impl Region {
+    /// A zeroed region on the heap (the initial state).
+    fn boxed() -> Box<Region> {
+        Box::new(Region {
+            header: HeaderLine {
+                magic: AtomicU64::new(0),
+                version: AtomicU32::new(0),
+                layout: AtomicU32::new(0),
+                shape: AtomicU32::new(0),
+                shape_k: AtomicU32::new(0),
+                slots: AtomicU32::new(0),
+                creator_pid: AtomicU32::new(0),
+                tree_hash: AtomicU64::new(0),
+                region_tag: AtomicU64::new(0),
+            },
+            membership: MembershipLine {
+                members: AtomicU64::new(0),
+            },
+            flight: FlightLine {
+                last_seq: AtomicU64::new(0),
+                snapshot_seq: AtomicU64::new(0),
+                targets: AtomicU64::new(0),
+                failed_seq: AtomicU64::new(0),
+            },
+            completion: CompletionLine {
+                done_seq: AtomicU64::new(0),
+                waiter: AtomicU32::new(0),
+            },
+            mailboxes: std::array::from_fn(|_| MailboxLine {
+                seq: AtomicU64::new(0),
+                payload: AtomicU64::new(0),
+                targets: AtomicU64::new(0),
+                acked_seq: AtomicU64::new(0),
+                ack_to: AtomicU32::new(0),
+            }),
+            gathers: std::array::from_fn(|_| GatherLine {
+                pending: AtomicU32::new(0),
+                ack_to: AtomicU32::new(0),
+            }),
+            slots: std::array::from_fn(|_| SlotLine {
+                pid: AtomicU32::new(0),
+                wake: WakeWord::new(),
+            }),
+        })
+    }
+}
 
 /// A claimed multicast: its sequence number and snapshot of targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,60 +286,142 @@ pub enum Claim {
     Refused(FanoutError),
 }
 
-/// The shared state of a domain of `slots` slots.
+/// What keeps a [`State`]'s region alive.
+pub(crate) enum Backing {
+    /// A region of `Box::into_raw`: freed when the state drops.
+    Heap,
+    /// A mapped file (unmapped, and removed if this process created it,
+    /// when the state drops).
+    #[cfg(not(loom))]
+    Mapped(crate::shm::Mapping),
+}
+
+/// The shared state of a domain of `slots` slots: a view of its
+/// [`Region`] and the tree and layout that give it meaning.
 pub struct State {
     tree: Tree,
     layout: Layout,
-    membership: MembershipLine,
-    flight: FlightLine,
-    completion: CompletionLine,
-    mailboxes: Box<[MailboxLine]>,
-    gathers: Box<[GatherLine]>,
+    region: NonNull<Region>,
+    backing: Backing,
+}
+
+// SAFETY: a Region is atomics only (Sync and Send); `region` points to
+// memory `backing` owns (a leaked Box or a mapping) for the state's life,
+// so the state may move to and be shared with other threads.
+unsafe impl Send for State {}
+// SAFETY: as above: every access through `region` is atomic.
+unsafe impl Sync for State {}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        if matches!(self.backing, Backing::Heap) {
+            // SAFETY: `region` came from Box::into_raw in `State::new` and
+            // nothing else frees it; no reference into it outlives `self`.
+            drop(unsafe { Box::from_raw(self.region.as_ptr()) });
+        }
+    }
 }
 
 impl State {
+    /// A state on the heap (a domain of threads).
     pub fn new(tree: Tree, layout: Layout) -> Result<State, FanoutError> {
-        let slots = tree.slots();
-        if slots > SLOTS_MAX_LIVE {
-            return Err(FanoutError::TooManyLiveSlots {
-                slots,
-                max: SLOTS_MAX_LIVE,
-            });
-        }
-        let mailboxes = (0..slots)
-            .map(|_| MailboxLine {
-                seq: AtomicU64::new(0),
-                payload: AtomicU64::new(0),
-                targets: AtomicU64::new(0),
-                acked_seq: AtomicU64::new(0),
-                ack_to: AtomicU32::new(0),
-            })
-            .collect();
-        let gathers = (0..slots)
-            .map(|_| GatherLine {
-                pending: AtomicU32::new(0),
-                ack_to: AtomicU32::new(0),
-            })
-            .collect();
+        check_live_slots(tree.slots())?;
+        let region = NonNull::from(Box::leak(Region::boxed()));
         Ok(State {
             tree,
             layout,
-            membership: MembershipLine {
-                members: AtomicU64::new(0),
-            },
-            flight: FlightLine {
-                last_seq: AtomicU64::new(0),
-                snapshot_seq: AtomicU64::new(0),
-                targets: AtomicU64::new(0),
-                failed_seq: AtomicU64::new(0),
-            },
-            completion: CompletionLine {
-                done_seq: AtomicU64::new(0),
-                waiter: AtomicU32::new(0),
-            },
-            mailboxes,
-            gathers,
+            region,
+            backing: Backing::Heap,
         })
+    }
+
+    /// A state over a region another owner keeps alive (a mapping).
+    ///
+    /// # Safety
+    /// `region` points to a `Region`-sized, 64-byte-aligned block that
+    /// holds a valid region (all-zero is one) and stays mapped while
+    /// `backing` lives; it is accessed only through atomics.
+    #[cfg(not(loom))]
+    pub(crate) unsafe fn over(
+        tree: Tree,
+        layout: Layout,
+        region: NonNull<Region>,
+        backing: Backing,
+    ) -> Result<State, FanoutError> {
+        check_live_slots(tree.slots())?;
+        Ok(State {
+            tree,
+            layout,
+            region,
+            backing,
+        })
+    }
+
+    #[inline(always)]
+    pub(crate) fn r(&self) -> &Region {
+        // SAFETY: see the type's Send/Sync note: `region` is valid for
+        // the life of `self`, shared, and only accessed atomically.
+        unsafe { self.region.as_ref() }
+    }
+
+    /// The mapping behind this state, if it is a domain of processes.
+    #[cfg(not(loom))]
+    pub(crate) fn mapping(&self) -> Option<&crate::shm::Mapping> {
+        match &self.backing {
+            Backing::Mapped(m) => Some(m),
+            Backing::Heap => None,
+        }
+    }
+
+    /// Bump `slot`'s wake word and wake its port if it sleeps there.
+    #[inline]
+    fn wake_slot(&self, slot: usize) {
+        self.r().slots[slot].wake.wake();
+    }
+
+    /// The word `slot`'s port sleeps on.
+    #[inline]
+    pub fn wake_word(&self, slot: usize) -> &WakeWord {
+        &self.r().slots[slot].wake
+    }
+
+    /// Attach process `pid` to `slot`: take it if it is free, or if the
+    /// process holding it is gone (`alive` says; a zombie counts as
+    /// alive until it is reaped). A slot taken over keeps its membership
+    /// bit: the new port serves as that member.
+    pub fn take_slot(&self, slot: usize, pid: u32, alive: impl Fn(u32) -> bool) -> Result<(), FanoutError> {
+        self.check_slot(slot)?;
+        assert_ne!(pid, 0, "a pid is never 0");
+        let owner = &self.r().slots[slot].pid;
+        // Acquire: partner of the Release in `release_slot` (the last
+        // owner's acknowledgements are visible to the next).
+        let mut held = owner.load(Ordering::Acquire);
+        loop {
+            if held == pid {
+                return Err(FanoutError::SlotAttached { slot });
+            }
+            if held != 0 && alive(held) {
+                return Err(FanoutError::SlotTaken { slot, pid: held });
+            }
+            // AcqRel: as above, and publishes this owner to the next.
+            match owner.compare_exchange(held, pid, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(()),
+                Err(now) => held = now,
+            }
+        }
+    }
+
+    /// Detach `pid` from `slot` (a no-op if it no longer holds it).
+    pub fn release_slot(&self, slot: usize, pid: u32) {
+        // Release: partner of the Acquire in `take_slot`.
+        let _ = self.r().slots[slot]
+            .pid
+            .compare_exchange(pid, 0, Ordering::Release, Ordering::Relaxed);
+    }
+
+    /// The process attached to `slot` (0: none).
+    pub fn slot_pid(&self, slot: usize) -> u32 {
+        self.r().slots[slot].pid.load(Ordering::Acquire)
     }
 
     pub fn tree(&self) -> &Tree {
@@ -200,7 +446,7 @@ impl State {
 
     /// The members now (a snapshot).
     pub fn members(&self) -> u64 {
-        self.membership.members.load(Ordering::Acquire) & !IN_FLIGHT
+        self.r().membership.members.load(Ordering::Acquire) & !IN_FLIGHT
     }
 
     /// Join `slot`: one atomic OR. A multicast already claimed does not
@@ -209,7 +455,7 @@ impl State {
         self.check_slot(slot)?;
         let bit = 1u64 << slot;
         // AcqRel: a read-modify-write of the word `claim` exchanges.
-        let before = self.membership.members.fetch_or(bit, Ordering::AcqRel);
+        let before = self.r().membership.members.fetch_or(bit, Ordering::AcqRel);
         if before & bit != 0 {
             return Err(FanoutError::SlotOccupied { slot });
         }
@@ -225,14 +471,14 @@ impl State {
         // Acquire: this read-modify-write continues the release sequence
         // of the last `finish` (its Release fetch_and), so last_seq below
         // is that multicast's, and the one in flight is the next.
-        let before = self.membership.members.fetch_and(!bit, Ordering::AcqRel);
+        let before = self.r().membership.members.fetch_and(!bit, Ordering::AcqRel);
         if before & bit == 0 {
             return Err(FanoutError::NotJoined { slot });
         }
         if before & IN_FLIGHT == 0 {
             return Ok(None);
         }
-        Ok(Some(self.flight.last_seq.load(Ordering::Relaxed) + 1))
+        Ok(Some(self.r().flight.last_seq.load(Ordering::Relaxed) + 1))
     }
 
     /// Whether the snapshot of multicast `seq` holds `slot`: `Ok(false)`
@@ -245,21 +491,21 @@ impl State {
         }
         // Acquire: partner of the Release store of snapshot_seq in `claim`
         // (the targets written before it are visible).
-        if self.flight.snapshot_seq.load(Ordering::Acquire) != seq {
+        if self.r().flight.snapshot_seq.load(Ordering::Acquire) != seq {
             return Err(());
         }
-        Ok(self.flight.targets.load(Ordering::Relaxed) & (1 << slot) != 0)
+        Ok(self.r().flight.targets.load(Ordering::Relaxed) & (1 << slot) != 0)
     }
 
     /// The multicast in flight now, if any.
     pub fn in_flight(&self) -> Option<u64> {
         // Acquire: partner of `finish`'s Release (last_seq is current).
-        let members = self.membership.members.load(Ordering::Acquire);
-        (members & IN_FLIGHT != 0).then(|| self.flight.last_seq.load(Ordering::Relaxed) + 1)
+        let members = self.r().membership.members.load(Ordering::Acquire);
+        (members & IN_FLIGHT != 0).then(|| self.r().flight.last_seq.load(Ordering::Relaxed) + 1)
     }
 
     pub fn failed_seq(&self) -> u64 {
-        self.flight.failed_seq.load(Ordering::Acquire)
+        self.r().flight.failed_seq.load(Ordering::Acquire)
     }
 
     /// Claim the next multicast for `origin`: set IN_FLIGHT in the
@@ -271,7 +517,7 @@ impl State {
             return Err(Claim::Refused(FanoutError::Failed { seq: failed }));
         }
         let bit = 1u64 << origin;
-        let mut members = self.membership.members.load(Ordering::Relaxed);
+        let mut members = self.r().membership.members.load(Ordering::Relaxed);
         let mut attempts = 0u32;
         loop {
             if members & IN_FLIGHT != 0 {
@@ -281,7 +527,7 @@ impl State {
                 return Err(Claim::Refused(FanoutError::NotMember { slot: origin }));
             }
             // Acquire: partner of the last `finish`'s Release (last_seq).
-            match self.membership.members.compare_exchange_weak(
+            match self.r().membership.members.compare_exchange_weak(
                 members,
                 members | IN_FLIGHT,
                 Ordering::AcqRel,
@@ -296,22 +542,22 @@ impl State {
                 return Err(Claim::Busy);
             }
         }
-        let seq = self.flight.last_seq.load(Ordering::Relaxed) + 1;
+        let seq = self.r().flight.last_seq.load(Ordering::Relaxed) + 1;
         assert!(seq < SLEEPING, "seq_leaves_the_sleeping_bit_free");
         let targets = members & !bit;
         // Relaxed: read by a completer after its swap of a word this
         // origin armed (compare-exchange, Release) before it parked.
-        self.completion.waiter.store(origin as u32, Ordering::Relaxed);
-        self.flight.targets.store(targets, Ordering::Relaxed);
+        self.r().completion.waiter.store(origin as u32, Ordering::Relaxed);
+        self.r().flight.targets.store(targets, Ordering::Relaxed);
         // Release: partner of the Acquire load in `snapshot_holds`.
-        self.flight.snapshot_seq.store(seq, Ordering::Release);
+        self.r().flight.snapshot_seq.store(seq, Ordering::Release);
         Ok(Flight { seq, origin, targets })
     }
 
     /// Start a claimed multicast: the origin does the root's scatter (a
     /// flat send to every target; or the tree root's, sending, helping
     /// and skipping by the layout).
-    pub fn start(&self, flight: &Flight, payload: u64, wake: &dyn Wake) {
+    pub fn start(&self, flight: &Flight, payload: u64) {
         let set = SlotSet::from_word(flight.targets);
         let message = Message {
             seq: flight.seq,
@@ -328,30 +574,29 @@ impl State {
                             ack_to: ACK_FLAG,
                             ..message
                         },
-                        wake,
                     );
                 }
             }
             Layout::Tree if flight.origin == 0 => {
-                let mine = self.scatter(0, message, wake);
-                self.acknowledge(0, flight.seq, mine, wake);
+                let mine = self.scatter(0, message);
+                self.acknowledge(0, flight.seq, mine);
             }
-            Layout::Tree => self.send(0, message, wake),
+            Layout::Tree => self.send(0, message),
             Layout::TreeHelp | Layout::TreeHelpSkip => {
                 if flight.targets == 0 {
-                    self.complete(flight.seq, wake);
+                    self.complete(flight.seq);
                 } else if set.contains(0) {
-                    self.send(0, message, wake);
+                    self.send(0, message);
                 } else {
-                    self.scatter(0, message, wake);
+                    self.scatter(0, message);
                 }
             }
         }
     }
 
     /// Write `slot`'s mailbox and wake it if it parked.
-    fn send(&self, slot: usize, message: Message, wake: &dyn Wake) {
-        let mailbox = &self.mailboxes[slot];
+    fn send(&self, slot: usize, message: Message) {
+        let mailbox = &self.r().mailboxes[slot];
         mailbox.payload.store(message.payload, Ordering::Relaxed);
         mailbox.targets.store(message.targets, Ordering::Relaxed);
         mailbox.ack_to.store(message.ack_to, Ordering::Relaxed);
@@ -368,25 +613,25 @@ impl State {
             self.layout
         );
         if before & SLEEPING != 0 {
-            wake.wake(slot);
+            self.wake_slot(slot);
         }
     }
 
     /// The scatter of node `slot` for `message` (done by `slot`'s thread
     /// on receipt, or by a helper on its behalf). Returns where `slot`'s
     /// own acknowledgement goes (if it acknowledges itself).
-    pub fn scatter(&self, slot: usize, message: Message, wake: &dyn Wake) -> u32 {
+    pub fn scatter(&self, slot: usize, message: Message) -> u32 {
         let set = SlotSet::from_word(message.targets);
         let count = ack_count(&self.tree, self.layout, slot, &set);
         let mine = match count {
             0 => {
                 // A helped node with nothing below: it is complete now.
-                self.ack(message.ack_to, message.seq, wake);
+                self.ack(message.ack_to, message.seq);
                 return message.ack_to;
             }
             1 => message.ack_to,
             _ => {
-                let gather = &self.gathers[slot];
+                let gather = &self.r().gathers[slot];
                 gather.ack_to.store(message.ack_to, Ordering::Relaxed);
                 // Relaxed: published to the contributors by the Release
                 // of the sends below (or program order for helped ones
@@ -404,7 +649,6 @@ impl State {
                         ack_to: mine,
                         ..message
                     },
-                    wake,
                 ),
                 ChildAction::Help => {
                     debug_assert!(!set.contains(child), "helping_only_non_targets");
@@ -414,7 +658,6 @@ impl State {
                             ack_to: mine,
                             ..message
                         },
-                        wake,
                     );
                 }
                 ChildAction::Skip => {}
@@ -426,7 +669,7 @@ impl State {
     /// The message in `slot`'s mailbox if it is newer than `last_seen`.
     #[inline]
     pub fn receive(&self, slot: usize, last_seen: u64) -> Option<Message> {
-        let mailbox = &self.mailboxes[slot];
+        let mailbox = &self.r().mailboxes[slot];
         // Acquire: partner of the Release store in `send`.
         let seq = mailbox.seq.load(Ordering::Acquire) & !SLEEPING;
         if seq == last_seen {
@@ -444,7 +687,7 @@ impl State {
     /// The last multicast `slot` acknowledged.
     pub fn acked_seq(&self, slot: usize) -> u64 {
         // Acquire: partner of the Release store in `acknowledge`.
-        self.mailboxes[slot].acked_seq.load(Ordering::Acquire) & !SLEEPING
+        self.r().mailboxes[slot].acked_seq.load(Ordering::Acquire) & !SLEEPING
     }
 
     /// Whether `slot` is to handle (deliver) `message`, or only forward it.
@@ -454,30 +697,30 @@ impl State {
 
     /// What the receiver does after its scatter (and handler, if it is a
     /// target): acknowledge its own contribution to `mine`.
-    pub fn acknowledge(&self, slot: usize, seq: u64, mine: u32, wake: &dyn Wake) {
-        let acked = &self.mailboxes[slot].acked_seq;
+    pub fn acknowledge(&self, slot: usize, seq: u64, mine: u32) {
+        let acked = &self.r().mailboxes[slot].acked_seq;
         if mine == ACK_FLAG {
             // Release: partner of the Acquire loads in `flat_acked` and
             // `unacknowledged`; a swap returns the origin's SLEEPING bit
             // (partner of the compare-exchange in `arm_flight`).
             if acked.swap(seq, Ordering::AcqRel) & SLEEPING != 0 {
-                self.wake_waiter(wake);
+                self.wake_waiter();
             }
         } else {
             // Release: partner of the Acquire load in `unacknowledged`.
             acked.store(seq, Ordering::Release);
-            self.ack(mine, seq, wake);
+            self.ack(mine, seq);
         }
     }
 
     /// Combine one acknowledgement into gather node `node` and upward.
-    fn ack(&self, mut node: u32, seq: u64, wake: &dyn Wake) {
+    fn ack(&self, mut node: u32, seq: u64) {
         for _ in 0..=self.tree.height() + 1 {
             if node == ACK_COMPLETE {
-                self.complete(seq, wake);
+                self.complete(seq);
                 return;
             }
-            let gather = &self.gathers[node as usize];
+            let gather = &self.r().gathers[node as usize];
             // AcqRel: Release hands this contributor's history to the last
             // one; Acquire (by the last) takes every contributor's, and the
             // scatter's stores of pending/ack_to (partner: the mailbox
@@ -492,24 +735,24 @@ impl State {
         unreachable!("an acknowledgement climbs at most the height of the tree");
     }
 
-    fn complete(&self, seq: u64, wake: &dyn Wake) {
+    fn complete(&self, seq: u64) {
         // Release: partner of the Acquire load in `is_done`; a swap
         // returns the origin's SLEEPING bit (partner: `arm_flight`).
-        if self.completion.done_seq.swap(seq, Ordering::AcqRel) & SLEEPING != 0 {
-            self.wake_waiter(wake);
+        if self.r().completion.done_seq.swap(seq, Ordering::AcqRel) & SLEEPING != 0 {
+            self.wake_waiter();
         }
     }
 
-    fn wake_waiter(&self, wake: &dyn Wake) {
+    fn wake_waiter(&self) {
         // Relaxed: ordered by the swap that saw SLEEPING (Acquire) after
         // the origin's arming compare-exchange (Release).
-        wake.wake(self.completion.waiter.load(Ordering::Relaxed) as usize);
+        self.wake_slot(self.r().completion.waiter.load(Ordering::Relaxed) as usize);
     }
 
     /// Before `slot`'s thread parks: set SLEEPING in its mailbox word if
     /// that still holds `last_seen`. False: a message came; do not park.
     pub fn arm_mailbox(&self, slot: usize, last_seen: u64) -> bool {
-        arm(&self.mailboxes[slot].seq, |v| v == last_seen)
+        arm(&self.r().mailboxes[slot].seq, |v| v == last_seen)
     }
 
     /// Before the origin of `flight` parks: set SLEEPING in the word whose
@@ -518,11 +761,11 @@ impl State {
     /// changed (or nothing is left to wait for); do not park.
     pub fn arm_flight(&self, flight: &Flight) -> bool {
         if self.layout != Layout::Flat {
-            return arm(&self.completion.done_seq, |v| v != flight.seq);
+            return arm(&self.r().completion.done_seq, |v| v != flight.seq);
         }
         let first = (0..self.slots()).find(|&s| flight.targets & (1 << s) != 0 && self.acked_seq(s) != flight.seq);
         match first {
-            Some(s) => arm(&self.mailboxes[s].acked_seq, |v| v != flight.seq),
+            Some(s) => arm(&self.r().mailboxes[s].acked_seq, |v| v != flight.seq),
             None => false,
         }
     }
@@ -531,7 +774,7 @@ impl State {
     #[inline]
     pub fn is_done(&self, seq: u64) -> bool {
         // Acquire: partner of the Release store in `complete`.
-        self.completion.done_seq.load(Ordering::Acquire) & !SLEEPING == seq
+        self.r().completion.done_seq.load(Ordering::Acquire) & !SLEEPING == seq
     }
 
     /// A flat multicast: whether every target from `*cursor` on (in slot
@@ -567,10 +810,10 @@ impl State {
     /// End a completed multicast: the next may be claimed.
     pub fn finish(&self, flight: &Flight) {
         assert_eq!(self.in_flight(), Some(flight.seq), "finish_ends_the_flight_it_claimed");
-        self.flight.last_seq.store(flight.seq, Ordering::Relaxed);
+        self.r().flight.last_seq.store(flight.seq, Ordering::Relaxed);
         // Release: partner of the Acquire of the next `claim`, `leave` and
         // `in_flight` (last_seq is visible with the cleared bit).
-        self.membership.members.fetch_and(!IN_FLIGHT, Ordering::AcqRel);
+        self.r().membership.members.fetch_and(!IN_FLIGHT, Ordering::AcqRel);
     }
 
     /// A multicast that did not complete: evict the slots that did not
@@ -578,9 +821,9 @@ impl State {
     /// acknowledgements could otherwise count into a later multicast).
     pub fn fail(&self, flight: &Flight, missing: &[usize]) {
         let mask = missing.iter().fold(0u64, |m, s| m | 1 << s);
-        self.membership.members.fetch_and(!mask, Ordering::AcqRel);
+        self.r().membership.members.fetch_and(!mask, Ordering::AcqRel);
         // Release: partner of the Acquire loads in `failed_seq`.
-        self.flight.failed_seq.store(flight.seq, Ordering::Release);
+        self.r().flight.failed_seq.store(flight.seq, Ordering::Release);
     }
 }
 
@@ -595,4 +838,14 @@ fn arm(word: &AtomicU64, waits: impl Fn(u64) -> bool) -> bool {
     // and wakes; a failed exchange means the word changed: re-check.
     word.compare_exchange(seen, seen | SLEEPING, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()
+}
+
+fn check_live_slots(slots: usize) -> Result<(), FanoutError> {
+    if slots > REGION_SLOTS {
+        return Err(FanoutError::TooManyLiveSlots {
+            slots,
+            max: REGION_SLOTS,
+        });
+    }
+    Ok(())
 }

@@ -11,6 +11,7 @@ use spindle_fanout::{Domain, FanoutError, Layout, Shape, Tree, WaitConfig};
 fn domain(slots: usize, layout: Layout) -> Arc<Domain> {
     let wait = WaitConfig {
         spins: 100,
+        yields: 64,
         park_max: Duration::from_millis(1),
     };
     Domain::new(Tree::build(Shape::Kary(2), slots).unwrap(), layout, wait).unwrap()

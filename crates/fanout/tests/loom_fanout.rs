@@ -1,7 +1,9 @@
 //! Loom models of the fanout protocol, run on the code that ships: joins
 //! and leaves racing a multicast's snapshot, acknowledgements combining
 //! in a gather counter, and the wake-ups (ports never spin: every wait
-//! parks, so a lost wake-up is a deadlock loom reports). Run with
+//! sleeps on its slot's futex word, modelled by a mutex and condition
+//! variable with the kernel's semantics, so a lost wake-up is a deadlock
+//! loom reports). Run with
 //! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release -p spindle-fanout --test loom_fanout`.
 #![cfg(loom)]
 
@@ -9,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loom::sync::atomic::{AtomicU64, Ordering};
-use spindle_fanout::{Domain, Layout, Shape, Tree, WaitConfig};
+use spindle_fanout::{Domain, Layout, Shape, Tree, WaitConfig, WakeWord};
 
 const TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -17,6 +19,7 @@ fn domain(layout: Layout) -> Arc<Domain> {
     // No spinning: every wait takes the park path.
     let wait = WaitConfig {
         spins: 0,
+        yields: 0,
         park_max: TIMEOUT,
     };
     Domain::new(Tree::build(Shape::Kary(2), 3).unwrap(), layout, wait).unwrap()
@@ -133,5 +136,37 @@ fn a_broadcast_from_below_the_root_completes() {
             vec![0, 1],
             "the non-member forwards only; the member delivers"
         );
+    });
+}
+
+/// The futex word protocol alone: two wakers each publish a change and
+/// wake; the sleeper reads the word before checking, and sleeps only
+/// while it is unchanged. It is never left asleep (a lost wake-up would
+/// be a deadlock), and sees both changes.
+#[test]
+fn a_wake_word_sleeper_sees_every_wake() {
+    model(|| {
+        let word = Arc::new(WakeWord::new());
+        let changes = Arc::new(AtomicU64::new(0));
+        let wakers: Vec<_> = (0..2)
+            .map(|_| {
+                let (word, changes) = (word.clone(), changes.clone());
+                loom::thread::spawn(move || {
+                    // Release: partner of the sleeper's Acquire load.
+                    changes.fetch_add(1, Ordering::Release);
+                    word.wake();
+                })
+            })
+            .collect();
+        loop {
+            let seen = word.prepare();
+            if changes.load(Ordering::Acquire) == 2 {
+                break;
+            }
+            word.wait(seen, TIMEOUT);
+        }
+        for w in wakers {
+            w.join().unwrap();
+        }
     });
 }

@@ -3,7 +3,8 @@
 //! target delivers it once, nobody else does) and completes. Bounded by
 //! operation counts, not by time.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +21,7 @@ type Log = Arc<Mutex<Vec<(u64, usize)>>>;
 fn run(layout: Layout, shape: Shape, seed: u64) {
     let wait = WaitConfig {
         spins: 200,
+        yields: 64,
         park_max: Duration::from_millis(2),
     };
     let domain = Domain::new(Tree::build(shape, SLOTS).unwrap(), layout, wait).unwrap();
@@ -76,36 +78,14 @@ fn run(layout: Layout, shape: Shape, seed: u64) {
         .collect();
     let delivered: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
     let completions = completions.lock().unwrap();
-    let mut by_seq: BTreeMap<u64, BTreeSet<usize>> = BTreeMap::new();
-    for &(seq, slot) in deliveries.lock().unwrap().iter() {
-        assert!(
-            by_seq.entry(seq).or_default().insert(slot),
-            "{layout:?}: seq {seq} delivered twice at {slot}"
-        );
-    }
-    assert_eq!(delivered as usize, by_seq.values().map(BTreeSet::len).sum::<usize>());
-    assert!(
-        completions.len() > 20,
-        "{layout:?}: the run multicast ({} completions)",
-        completions.len()
+    let counted = common::check_exactly_the_snapshots(
+        &format!("{layout:?}"),
+        SLOTS,
+        &deliveries.lock().unwrap(),
+        &completions,
+        21,
     );
-    let completed: BTreeSet<u64> = completions.iter().map(|c| c.0).collect();
-    assert_eq!(
-        completed.len(),
-        completions.len(),
-        "{layout:?}: each seq completes once"
-    );
-    for &(seq, targets) in completions.iter() {
-        let want: BTreeSet<usize> = (0..SLOTS).filter(|s| targets & (1 << s) != 0).collect();
-        let got = by_seq.get(&seq).cloned().unwrap_or_default();
-        assert_eq!(got, want, "{layout:?}: multicast {seq} reached exactly its snapshot");
-    }
-    for seq in by_seq.keys() {
-        assert!(
-            completed.contains(seq),
-            "{layout:?}: delivery of {seq}, which never completed"
-        );
-    }
+    assert_eq!(delivered as usize, counted);
     assert_eq!(domain.state().members(), 0, "everyone left");
 }
 

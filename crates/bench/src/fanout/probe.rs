@@ -9,13 +9,15 @@ use std::time::{Duration, Instant};
 
 use spindle_fanout::model::Params;
 use spindle_fanout::plan::{ack_count, child_action};
-use spindle_fanout::{Domain, Layout, Shape, SlotSet, Tree, WaitConfig};
+use spindle_fanout::{Domain, Layout, Shape, SlotSet, Tree, WaitConfig, WakeWord};
 
 /// One cache line.
 #[repr(C, align(64))]
 struct Line(AtomicU64);
 
 const BATCHES: usize = 200;
+/// Round-trip probes whose median the calibration takes.
+const ROUND_TRIP_REPEATS: usize = 7;
 
 fn median(mut v: Vec<f64>) -> f64 {
     assert!(!v.is_empty(), "a median of something");
@@ -131,7 +133,13 @@ pub fn join_leave_ns() -> (f64, f64) {
 /// The model's costs measured on this machine.
 pub fn calibrate() -> Params {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let round_trip = cache_line_round_trip_ns(0, 1 % cpus);
+    // The round trip varies with where the host places the two vCPUs (and
+    // what else runs): the median of repeated probes, each on fresh threads.
+    let round_trip = median(
+        (0..ROUND_TRIP_REPEATS)
+            .map(|_| cache_line_round_trip_ns(0, 1 % cpus))
+            .collect(),
+    );
     let lines: Vec<Line> = (0..64).map(|_| Line(AtomicU64::new(0))).collect();
     // A send: three field stores and the swap of the seq word.
     let send_ns = per_item_ns(64 * 16, || {
@@ -184,8 +192,32 @@ pub fn calibrate() -> Params {
     }
 }
 
-/// From an unpark to the parked thread running again, median.
+/// From a wake of a port's futex word ([`WakeWord`], what the runtime
+/// does) to the sleeping thread running again, median.
 pub fn wake_ns() -> f64 {
+    let word = Arc::new(WakeWord::new());
+    wake_latency_ns(
+        {
+            let word = word.clone();
+            move || {
+                let seen = word.prepare();
+                word.wait(seen, Duration::from_secs(1));
+            }
+        },
+        move |_| word.wake(),
+    )
+}
+
+/// From std's thread unpark to the parked thread running again, median
+/// (what the thread mode used before the futex word, for comparison).
+pub fn unpark_wake_ns() -> f64 {
+    wake_latency_ns(
+        || std::thread::park_timeout(Duration::from_secs(1)),
+        |sleeper: &std::thread::Thread| sleeper.unpark(),
+    )
+}
+
+fn wake_latency_ns(sleep: impl Fn() + Clone + Send + 'static, wake: impl Fn(&std::thread::Thread)) -> f64 {
     let base = Instant::now();
     let parked = Arc::new(AtomicBool::new(false));
     let woken_at = Arc::new(AtomicU64::new(0));
@@ -193,20 +225,20 @@ pub fn wake_ns() -> f64 {
     for _ in 0..100 {
         parked.store(false, Ordering::Release);
         let sleeper = {
-            let (parked, woken_at) = (parked.clone(), woken_at.clone());
+            let (parked, woken_at, sleep) = (parked.clone(), woken_at.clone(), sleep.clone());
             std::thread::spawn(move || {
                 parked.store(true, Ordering::Release);
-                std::thread::park_timeout(Duration::from_secs(1));
+                sleep();
                 woken_at.store(base.elapsed().as_nanos() as u64, Ordering::Release);
             })
         };
         while !parked.load(Ordering::Acquire) {
             std::hint::spin_loop();
         }
-        // Let it reach the park.
+        // Let it reach the sleep.
         std::thread::sleep(Duration::from_micros(200));
         let t0 = base.elapsed().as_nanos() as u64;
-        sleeper.thread().unpark();
+        wake(sleeper.thread());
         sleeper.join().expect("the sleeper");
         samples.push(woken_at.load(Ordering::Acquire).saturating_sub(t0) as f64);
     }
