@@ -58,20 +58,22 @@ pub enum LinearizabilityError {
 /// Unanswered operations that cannot matter are left out first (they make
 /// the search explode after a failover, when many requests go unanswered):
 /// a GET without an answer constrains nothing, and a SET without an answer
-/// whose value no read returned may be taken as never having happened —
-/// had it been the last write before a read, that read would have returned
-/// its value. INCRs are kept (later INCRs see their effect).
+/// whose value no operation observed — no GET returned it, no INCR
+/// returned it plus one — may be taken as never having happened: had it
+/// been the last write before a GET or an INCR, that one would have
+/// observed its value. INCRs are kept (later INCRs see their effect).
 pub fn check(history: &[Op]) -> Result<(), LinearizabilityError> {
-    let read: HashSet<(&[u8], &[u8])> = history
+    let observed: HashSet<(&[u8], Vec<u8>)> = history
         .iter()
         .filter_map(|op| match &op.result {
-            Some(OpResult::Value(Some(v))) => Some((&op.key[..], &v[..])),
+            Some(OpResult::Value(Some(v))) => Some((&op.key[..], v.clone())),
+            Some(OpResult::Integer(n)) => Some((&op.key[..], (n - 1).to_string().into_bytes())),
             _ => None,
         })
         .collect();
     let matters = |op: &&Op| match (&op.kind, &op.result) {
         (OpKind::Get, None) => false,
-        (OpKind::Set(v), None) => read.contains(&(&op.key[..], &v[..])),
+        (OpKind::Set(v), None) => observed.contains(&(&op.key[..], v.clone())),
         _ => true,
     };
     let mut by_key: BTreeMap<&[u8], Vec<&Op>> = BTreeMap::new();
@@ -240,6 +242,13 @@ mod tests {
             op(1, OpKind::Get, (5, Some(6)), Some(OpResult::Value(Some(b"x".to_vec())))),
         ];
         assert_eq!(check(&kept), Ok(()));
+        // An unanswered SET observed by an INCR (it returned the value
+        // plus one) is kept too.
+        let seen_by_incr = vec![
+            op(0, OpKind::Set(b"41".to_vec()), (0, None), None),
+            op(1, OpKind::Incr, (5, Some(6)), Some(OpResult::Integer(42))),
+        ];
+        assert_eq!(check(&seen_by_incr), Ok(()));
         // A read of a value nobody wrote is still a violation.
         let bogus = vec![
             op(0, OpKind::Set(b"x".to_vec()), (0, None), None),

@@ -661,10 +661,15 @@ impl<F: Membership> Leader<F> {
     /// once every backup holds it.
     fn roll(&mut self, backups: Vec<usize>) -> Result<(), String> {
         let old = self.master.epoch();
-        self.driver
-            .engine()
-            .roll(spindle_runtime::monotonic_ns())
-            .map_err(|e| e.to_string())?;
+        {
+            let mut engine = self.driver.engine();
+            if let Some(why) = engine.stepped_down() {
+                return Err(format!("rolling from epoch {old}: the master stepped down: {why}"));
+            }
+            engine
+                .roll(spindle_runtime::monotonic_ns())
+                .map_err(|e| e.to_string())?;
+        }
         self.driver.publish_now();
         let waited = Instant::now();
         let bound = Duration::from_nanos(2 * self.driver.timing().election_ns);
