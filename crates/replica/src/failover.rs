@@ -559,8 +559,10 @@ impl Failover {
     /// elected by a majority, or it rolled from the epoch we promised).
     fn follow_newer_master(&mut self, now_ns: u64) {
         let mut best: Option<(u64, usize)> = None;
+        // The dead count too: their last rows are facts (a newer epoch
+        // existed and may have acknowledged writes we do not hold).
         for (r, row) in self.peers.iter().enumerate() {
-            if r == self.me || self.dead & (1 << r) != 0 {
+            if r == self.me {
                 continue;
             }
             let (epoch, seq) = beat_parts(row.beat);
@@ -577,10 +579,29 @@ impl Failover {
         }
         self.role = Role::Follower;
         self.promise = (epoch, master);
-        self.master_dead = false;
         self.beat_seen = 0;
-        self.heard_ns = now_ns;
+        self.master_dead = self.dead & (1 << master) != 0;
+        self.heard_ns = if self.master_dead {
+            now_ns.saturating_sub(self.timing.election_ns)
+        } else {
+            now_ns
+        };
         self.echo(now_ns);
+    }
+
+    /// The newest epoch known established, here or in the last row of a
+    /// member that is dead for certain: a majority that shrank by the
+    /// dead must not forget what they knew.
+    fn established_floor(&self) -> u64 {
+        (0..self.members)
+            .filter(|r| self.dead & (1 << r) != 0)
+            .map(|r| self.peers[r].established)
+            .fold(self.established, u64::max)
+    }
+
+    /// Whether this member's log is new enough to lead.
+    fn may_lead(&self) -> bool {
+        self.data.map_or(0, |d| d + 1) >= self.established_floor()
     }
 
     /// Echo our master's newest heartbeat and copy what it established.
@@ -620,7 +641,7 @@ impl Failover {
             let Some((epoch, data)) = campaign_parts(row.campaign) else {
                 continue;
             };
-            if epoch <= self.promise.0 || data < self.established {
+            if epoch <= self.promise.0 || data < self.established_floor() {
                 continue;
             }
             // The newest log, then the lowest rank (then the newest epoch).
@@ -662,8 +683,10 @@ impl Failover {
 
     fn campaign(&mut self, now_ns: u64) {
         let epoch = self.newest_promise_seen() + 1;
-        if epoch > EPOCH_MAX {
-            return; // stays a follower: the group has used up its epochs
+        if epoch > EPOCH_MAX || !self.may_lead() {
+            // Stays a follower: the group has used up its epochs, or our
+            // log misses an established epoch (another must lead).
+            return;
         }
         self.role = Role::Candidate {
             epoch,
@@ -678,6 +701,10 @@ impl Failover {
         let Role::Candidate { epoch, since_ns } = self.role else {
             return;
         };
+        if !self.may_lead() {
+            self.role = Role::Follower;
+            return;
+        }
         let votes = 1
             + (0..self.members)
                 .filter(|r| *r != self.me && promise_parts(self.peers[*r].promise) == (epoch, self.me))
@@ -742,6 +769,28 @@ impl Failover {
     fn lead(&mut self, now_ns: u64) {
         self.count_roll_votes(now_ns);
         let Role::Master { epoch, .. } = self.role else { return };
+        // A member dead for certain that had promised a newer epoch to
+        // another (or knew one established) no longer counts in the
+        // majority, so its promise could not stop our lease: give up.
+        let newer = (0..self.members).filter(|r| self.dead & (1 << r) != 0).find_map(|r| {
+            let row = self.peers[r];
+            let (e, to) = promise_parts(row.promise);
+            if e > epoch && to != self.me {
+                Some((e, to))
+            } else if row.established > epoch + 1 {
+                Some((row.established - 1, r))
+            } else {
+                None
+            }
+        });
+        if let Some((epoch, by)) = newer {
+            self.step_down = Some(StepDown::Superseded { epoch, by });
+            self.role = Role::Follower;
+            self.lease_until_ns = 0;
+            self.heard_ns = now_ns;
+            self.beat_seen = 0;
+            return;
+        }
         if now_ns >= self.next_beat_ns {
             if self.seq >= SEQ_MAX {
                 // Rolling is the runtime's job (it changes the data path);

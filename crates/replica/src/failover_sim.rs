@@ -406,6 +406,14 @@ impl<'p> Sim<'p> {
             self.members[m].crashed = true;
             self.members[m].crashed_at = self.now;
             self.members[m].serving = None;
+            if self.plan.exact_death {
+                // shm: rows are shared memory, the dead member's last row
+                // stays readable (and was visible the moment it was written).
+                let row = self.members[m].engine.row();
+                for o in 0..self.members.len() {
+                    self.members[o].rows[m] = row;
+                }
+            }
             self.out.crashes += 1;
         }
     }
@@ -577,6 +585,9 @@ impl<'p> Sim<'p> {
     fn publish_row(&mut self, r: usize) {
         let m = &mut self.members[r];
         let row = m.engine.row();
+        if self.plan.exact_death {
+            m.row_sent_at = 0; // shared memory: always current
+        }
         // Pushed when it changes, and again every 10 ticks (a lost push on
         // a cut link is repaired after the heal, as the fabric reconnects).
         if row == m.row_sent && self.now - m.row_sent_at < 10 {
@@ -585,7 +596,13 @@ impl<'p> Sim<'p> {
         m.row_sent = row;
         m.row_sent_at = self.now;
         for o in 0..self.plan.members {
-            if o != r {
+            if o == r {
+                continue;
+            }
+            if self.plan.exact_death {
+                // shm: a row is shared memory, seen by everyone at once.
+                self.members[o].rows[r] = row;
+            } else {
                 self.net.send(self.now, r, o, Msg::Row(row));
             }
         }
@@ -990,6 +1007,18 @@ mod tests {
         let out = run_plan(5, &plan);
         assert_eq!(out.violation, None, "{out:?}");
         assert_eq!(out.elections, 1, "{out:?}");
+    }
+
+    /// Seeds that broke an earlier version: on shm the dead no longer count
+    /// in the majority, and a paused old master came back to find both
+    /// others dead: it must not renew its lease alone over what they knew
+    /// (a newer epoch established), as their last rows say.
+    #[test]
+    fn a_paused_master_does_not_outlive_what_the_dead_knew() {
+        for seed in [13_127, 67_644] {
+            let out = run(seed);
+            assert_eq!(out.violation, None, "seed {seed}: {}", out.plan);
+        }
     }
 
     #[test]
