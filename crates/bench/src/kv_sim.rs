@@ -23,7 +23,7 @@ use clap::Args;
 use spindle_replica::failover_sim::{self, SimOutcome};
 
 use crate::report::Machine;
-use crate::sim::parse_seeds;
+use crate::sim::seed_range;
 
 const JOBS_MAX: usize = 64;
 
@@ -90,12 +90,7 @@ fn run_seed(seed: u64) -> SimOutcome {
 }
 
 pub fn run(args: KvSimArgs) -> Result<(), String> {
-    let seeds: Range<u64> = match (&args.seed, &args.seeds) {
-        (Some(s), None) => *s..s.checked_add(1).ok_or("--seed must be below 2^64 - 1")?,
-        (None, Some(range)) => parse_seeds(range)?,
-        (None, None) => 0..1,
-        (Some(_), Some(_)) => return Err("give --seed or --seeds, not both".into()),
-    };
+    let seeds: Range<u64> = seed_range(args.seed, args.seeds.as_deref())?;
     if args.jobs == 0 || args.jobs > JOBS_MAX {
         return Err(format!("--jobs {} must be in 1..={JOBS_MAX}", args.jobs));
     }

@@ -70,12 +70,7 @@ struct Validated {
 }
 
 fn validate(args: &SimArgs) -> Result<Validated, String> {
-    let seeds = match (&args.seed, &args.seeds) {
-        (Some(s), None) => *s..s.checked_add(1).ok_or("--seed must be below 2^64 - 1")?,
-        (None, Some(range)) => parse_seeds(range)?,
-        (None, None) => 0..1,
-        (Some(_), Some(_)) => return Err("give --seed or --seeds, not both".into()),
-    };
+    let seeds = seed_range(args.seed, args.seeds.as_deref())?;
     if args.members == 0 || args.members > MEMBERS_MAX {
         return Err(format!("--members {} must be in 1..={MEMBERS_MAX}", args.members));
     }
@@ -110,7 +105,17 @@ fn validate(args: &SimArgs) -> Result<Validated, String> {
 }
 
 /// `A..B` with A < B.
-pub(crate) fn parse_seeds(text: &str) -> Result<Range<u64>, String> {
+/// The seeds of `--seed S` (one) or `--seeds A..B`; seed 0 without either.
+pub(crate) fn seed_range(seed: Option<u64>, seeds: Option<&str>) -> Result<Range<u64>, String> {
+    match (seed, seeds) {
+        (Some(s), None) => Ok(s..s.checked_add(1).ok_or("--seed must be below 2^64 - 1")?),
+        (None, Some(range)) => parse_seeds(range),
+        (None, None) => Ok(0..1),
+        (Some(_), Some(_)) => Err("give --seed or --seeds, not both".into()),
+    }
+}
+
+fn parse_seeds(text: &str) -> Result<Range<u64>, String> {
     let (a, b) = text
         .split_once("..")
         .ok_or_else(|| format!("--seeds '{text}': expected A..B, for example 0..1000"))?;

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use spindle_group::invariants;
 
+mod common;
+
 /// Liveness bound for the cut-off phase (never a speed assertion).
 const STOP_WAIT_MAX: Duration = Duration::from_secs(60);
 
@@ -184,34 +186,11 @@ fn write_group(dir: &Path, net: &Net, name: &str) -> PathBuf {
     path
 }
 
-fn ensure_iptables() -> Result<(), String> {
-    if sh(&["sh", "-c", "command -v iptables"]).status.success() {
-        return Ok(());
-    }
-    eprintln!("iptables is missing: installing it with apt-get");
-    let out = sh(&[
-        "sh",
-        "-c",
-        "DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq iptables >/dev/null 2>&1 || \
-         (timeout 300 apt-get update -qq >/dev/null 2>&1 && \
-          DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq iptables >/dev/null 2>&1)",
-    ]);
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err("iptables is not installed and apt-get could not install it".into())
-    }
-}
-
 #[test]
 fn three_members_in_three_namespaces_deliver_in_order_and_go_on_when_one_is_cut_off() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: network namespaces need root");
-        return;
-    }
-    if let Err(e) = ensure_iptables() {
-        eprintln!("SKIPPED: {e}");
+    // Root, iproute2 and iptables (installed with apt-get if missing).
+    if let Some(why) = common::netns::unavailable() {
+        eprintln!("SKIPPED: {why}");
         return;
     }
     let mut net = match Net::create() {
