@@ -23,7 +23,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use spindle_replica::config::{ServiceConfig, Transport};
 use spindle_replica::layout::Durability;
-use spindle_replica::node::{Membership, Node};
+use spindle_replica::node::{Leader, Membership, Node};
 use spindle_replica::server::{bind, serve, ServeOptions};
 use spindle_replica::Mode;
 
@@ -335,10 +335,36 @@ fn run_member(args: MemberArgs) -> Result<(), String> {
     }
 }
 
+/// One member: follow (a backup or spare) until this member leads, then
+/// serve. A master that stepped down (it lost its majority: a partition)
+/// drops its objects and its listener and follows the new master again;
+/// any other serving failure ends the process.
 fn member_main<F: Membership>(node: Node<F>, config: &ServiceConfig, rank: usize) -> Result<(), String> {
-    let Some(leader) = node.run_until_master(&STOP)? else {
-        return Ok(());
-    };
+    loop {
+        let Some(leader) = node.run_until_master(&STOP)? else {
+            return Ok(());
+        };
+        match serve_as_master(leader, config, rank)? {
+            Served::Stopped => std::process::exit(0),
+            Served::SteppedDown(e) => {
+                eprintln!("spindle kv: {e}; member {rank} stepped down and follows the new master");
+            }
+        }
+    }
+}
+
+/// How a term as master ended.
+enum Served {
+    /// Stopped cleanly (SIGTERM), every backup's log sealed.
+    Stopped,
+    /// The failover engine stepped down (why).
+    SteppedDown(String),
+}
+
+/// Serve clients as the master until a clean stop or a step-down; a
+/// replication failure of a master that still leads ends the process.
+fn serve_as_master<F: Membership>(leader: Leader<F>, config: &ServiceConfig, rank: usize) -> Result<Served, String> {
+    let driver = leader.driver().clone();
     let addr = format!("{}:{}", config.bind, config.port);
     let listener = bind(&addr, Duration::from_secs(10))?;
     let _ = std::fs::write(config.data_dir.join("master.rank"), rank.to_string());
@@ -379,10 +405,26 @@ fn member_main<F: Membership>(node: Node<F>, config: &ServiceConfig, rank: usize
     match served {
         // Stopped cleanly, every backup's log sealed: leave at once, as a
         // member process always has (the backups still read our row).
-        Ok(_leader) => std::process::exit(0),
+        Ok(_leader) => Ok(Served::Stopped),
         Err(e @ spindle_replica::server::ServeError::Replication(_)) => {
-            // Writes nobody may see are in this process's objects: exit
-            // without another reply; the backups fail over from their logs.
+            // Writes nobody may see were in the objects (dropped with the
+            // leader; no reply went out). A master that lost its lease
+            // steps down within the election time: it then follows the new
+            // master. Otherwise exit; the backups fail over from their logs.
+            let waited = std::time::Instant::now();
+            let bound = Duration::from_nanos(2 * driver.timing().election_ns);
+            while driver.stepped_down().is_none() && waited.elapsed() < bound {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if driver.stepped_down().is_some() {
+                // No longer the master: take back the announcement (unless
+                // the new master, on this host, has made its own already).
+                let announced = config.data_dir.join("master.rank");
+                if std::fs::read_to_string(&announced).is_ok_and(|t| t.trim() == rank.to_string()) {
+                    let _ = std::fs::remove_file(&announced);
+                }
+                return Ok(Served::SteppedDown(e.to_string()));
+            }
             eprintln!("spindle kv: {e}; master exits");
             std::process::exit(70);
         }

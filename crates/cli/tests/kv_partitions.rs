@@ -30,7 +30,9 @@
 //!   has one rank; and every write a client saw acknowledged has a line of
 //!   the member that answered it between the request and the reply (the
 //!   log leaves no acknowledgement out);
-//! - an isolated master stops: it exits non-zero, naming its lease;
+//! - an isolated master stops answering and steps down, naming its lease,
+//!   stays a member, and after the heal is a backup again (the master at
+//!   the end has all its backups);
 //! - no member process is left running after the cluster is stopped.
 //!
 //! `SPINDLE_KV_PARTITIONS_KEEP=1` keeps each scenario's files (member
@@ -256,6 +258,10 @@ fn scenario(name: &str, lane: u32, backups: usize, spares: usize, fault: Fault) 
     let (history, anomalies) = clients.stop();
     failures.extend(anomalies);
     let masters_at_end = cluster.masters_now();
+    let backups_at_end = match masters_at_end[..] {
+        [(m, _)] => cluster.connected_slaves(m),
+        _ => None,
+    };
     cluster.stop(&masters_at_end);
     let leftovers = cluster.leftover_processes();
     let mut report = format!(
@@ -263,7 +269,12 @@ fn scenario(name: &str, lane: u32, backups: usize, spares: usize, fault: Fault) 
         cluster.members.len(),
         (now_ns() - time.start_ns) as f64 / 1e9
     );
-    judge(&cluster, &history, &time, fault, master, &mut failures, &mut report);
+    let end = End {
+        fault,
+        master,
+        backups_at_end,
+    };
+    judge(&cluster, &history, &time, &end, &mut failures, &mut report);
     let _ = writeln!(
         report,
         "  master(s) answering INFO at the end (rank, epoch): {masters_at_end:?}"
@@ -281,6 +292,14 @@ fn scenario(name: &str, lane: u32, backups: usize, spares: usize, fault: Fault) 
     );
 }
 
+/// How a scenario ended: its fault, its first master, and how many backups
+/// the master at the end had (INFO `connected_slaves`).
+struct End {
+    fault: Fault,
+    master: usize,
+    backups_at_end: Option<usize>,
+}
+
 /// Every check on what the scenario recorded, in order of importance:
 /// linearizability first, then the ack log, then how the isolated master
 /// ended.
@@ -288,11 +307,15 @@ fn judge(
     cluster: &Cluster,
     history: &[Record],
     time: &Timeline,
-    fault: Fault,
-    master: usize,
+    end: &End,
     failures: &mut Vec<String>,
     report: &mut String,
 ) {
+    let End {
+        fault,
+        master,
+        backups_at_end,
+    } = *end;
     report.push_str(&describe_history(history, time));
     let ops: Vec<Op> = history.iter().map(|r| r.op.clone()).collect();
     match check(&ops) {
@@ -320,19 +343,27 @@ fn judge(
         Err(e) => failures.push(e),
     }
     if fault == Fault::IsolateMaster {
+        // The isolated master steps down (its stderr names its lease), stays
+        // a member and, after the heal, is back as a backup: the master at
+        // the end has all its backups again.
         let m = &cluster.members[master];
         let stderr = std::fs::read_to_string(cluster.stderr_path(master)).unwrap_or_default();
-        let stopped = matches!(m.exit, Some((_, status, false)) if !status.success());
-        if !stopped || !stderr.contains("lease") {
+        let stepped_down = stderr.contains("lease") && stderr.contains("stepped down and follows the new master");
+        if !stepped_down || m.exit.is_some_and(|(_, _, by_test)| !by_test) {
             failures.push(format!(
-                "the isolated master (member {master}) must stop acknowledging and exit non-zero naming its lease \
-                 before the test stops it; it {}; its stderr: {}",
+                "the isolated master (member {master}) must stop acknowledging, step down naming its lease and                  stay a member; it {}; its stderr: {}",
                 match m.exit {
                     Some((t, status, false)) => format!("exited at {} ({status})", time.at(t)),
                     Some((_, status, true)) => format!("ran until the test stopped it ({status})"),
-                    None => "never exited".into(),
+                    None => "was still running".into(),
                 },
                 tail(&stderr, 3)
+            ));
+        }
+        if backups_at_end != Some(cluster.backups) {
+            failures.push(format!(
+                "after the heal the master should have its {} backups again (the old master back among them); INFO                  says connected_slaves:{backups_at_end:?}",
+                cluster.backups
             ));
         }
     }
@@ -363,6 +394,8 @@ struct Member {
 /// parent: PR_SET_PDEATHSIG), then removes the namespaces and the files.
 struct Cluster {
     members: Vec<Member>,
+    /// R: backups per epoch.
+    backups: usize,
     hosts: Hosts,
     group: String,
     config: PathBuf,
@@ -391,6 +424,7 @@ impl Cluster {
         .unwrap();
         let mut cluster = Cluster {
             members: Vec::new(),
+            backups,
             hosts,
             group,
             config,
@@ -488,6 +522,15 @@ impl Cluster {
     }
 
     /// Members that answer `INFO` on the RESP port now: (rank, epoch).
+    /// INFO `connected_slaves` of the member at `rank`'s address.
+    fn connected_slaves(&self, rank: usize) -> Option<usize> {
+        let addr = self.resp_addrs()[rank];
+        let info = Conn::open(rank, &addr)?.call(&["INFO"]).ok()?;
+        info.split("\r\n")
+            .find_map(|l| l.strip_prefix("connected_slaves:"))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     fn masters_now(&self) -> Vec<(usize, u64)> {
         self.resp_addrs()
             .iter()
