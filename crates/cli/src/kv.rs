@@ -3,9 +3,9 @@
 //! `spindle kv serve` is a supervisor: it starts one process per member
 //! (`spindle kv member`, hidden) on shm or tcp — the master, its backups
 //! and any spares — and reports what happens to them. The master serves
-//! RESP on `bind:port`; when it dies the lowest live backup recovers,
-//! becomes the master of a new epoch and takes over the same address, so
-//! clients reconnect to where they were. Kill the master (`kill -9 <pid>`,
+//! RESP on `bind:port`; when it dies (or loses its majority) a backup
+//! elected by a majority recovers, becomes the master of a new epoch and
+//! takes over the same address, so clients reconnect to where they were. Kill the master (`kill -9 <pid>`,
 //! the pids are printed) to watch a failover; kill a backup with a spare
 //! configured to watch the spare replace it.
 //!

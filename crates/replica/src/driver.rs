@@ -138,9 +138,15 @@ impl<F: Membership> Driver<F> {
     fn tick(&self, last_death_check_ns: &mut u64) {
         let rows = self.read_rows();
         let mut engine = self.engine();
+        // The master we follow every tick (its death starts a failover),
+        // everyone every DEATH_CHECK_NS (a check can be a system call).
+        let me = self.fabric.member_rank();
+        let master = engine.promised().1;
+        if master != me && self.fabric.member_gone(master) {
+            engine.handle_dead(master);
+        }
         if monotonic_ns().saturating_sub(*last_death_check_ns) >= DEATH_CHECK_NS {
             *last_death_check_ns = monotonic_ns();
-            let me = self.fabric.member_rank();
             for r in (0..self.fabric.member_count()).filter(|r| *r != me) {
                 if self.fabric.member_gone(r) {
                     engine.handle_dead(r);

@@ -58,6 +58,8 @@ use std::fmt;
 pub const EPOCH_MAX: u64 = (1 << 24) - 1;
 /// Heartbeat sequence numbers wrap into a new epoch (a roll) before this.
 pub const SEQ_MAX: u64 = (1 << 40) - 1;
+/// Campaign stagger per rank after a certain death (see `stagger_ns`).
+pub const STAGGER_CERTAIN_NS: u64 = 1_000_000;
 /// Largest group: the backup set is a 64-bit mask, a rank fits in 8 bits.
 pub const MEMBERS_MAX: usize = 64;
 /// Heartbeats whose send times a master remembers: a lease is renewed
@@ -476,8 +478,17 @@ impl Failover {
         self.next_beat_ns = now_ns + self.timing.heartbeat_ns;
     }
 
+    /// How much later than rank 0 this member campaigns: two heartbeats
+    /// per rank, so that candidates rarely overlap; 1 ms per rank once the
+    /// master is dead for certain (the survivors all know at once, and an
+    /// overlap costs nothing: the worse candidate votes for the better).
     fn stagger_ns(&self) -> u64 {
-        self.me as u64 * 2 * self.timing.heartbeat_ns
+        let per_rank = if self.master_dead {
+            STAGGER_CERTAIN_NS
+        } else {
+            2 * self.timing.heartbeat_ns
+        };
+        self.me as u64 * per_rank
     }
 
     /// Take the rows read (`rows[r]` for every member; ours is ignored) and

@@ -19,8 +19,9 @@
 //! completion; on tcp one-sided writes complete by a backup's echo of the
 //! guard ([`layout::Completion`]).
 //!
-//! When the master dies, every backup seals its log on disk; the lowest
-//! live backup replays its log into a new master (checksums verified, a
+//! When the master dies (or loses its majority), every backup seals its
+//! log on disk; a backup elected by a majority ([`failover`]: a majority
+//! elects, a lease fences the old master) replays its log into a new master (checksums verified, a
 //! torn last record dropped: [`replay`]), the others become its backups in
 //! a new epoch, and the service's address moves to it ([`node`],
 //! [`server`]). A master also *rolls* to a new epoch on its own: to put a

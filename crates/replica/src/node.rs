@@ -3,8 +3,9 @@
 //!
 //! ```text
 //!  epoch e, master m            every backup                     epoch e+1
-//!  ───────────────── m dies ──▶ stops and seals epoch e ───────▶ lowest live backup n of epoch e:
-//!                               (whole log on disk + guard)       replay its log (latest epoch
+//!  ───────────────── m dies ──▶ stops and seals epoch e ───────▶ backup n of epoch e, elected by a
+//!  (or loses its majority)      when its failover engine moves  majority (`crate::failover`):
+//!                               on (whole log on disk + guard)    replay its log (latest epoch
 //!                                                                 with a complete snapshot),
 //!                                                                 publish epoch e+1 with R backups,
 //!                                                                 wait for them to follow, write the
@@ -20,10 +21,14 @@
 //!                                from its own disk (sealed or not: torn tail dropped)
 //! ```
 //!
-//! Liveness ([`Membership`]): on shm a member is alive while its slot in
-//! the group file says *running* and its process exists (a crashed process
-//! is found by pid; a member thread that leaves sets its slot to *left*);
-//! on tcp while its connection is up.
+//! Who leads is the failover engine's decision ([`crate::failover`], run by
+//! [`crate::driver`]): a majority elects, a lease fences the old master,
+//! and every change of the backup set is a new epoch asked of a majority.
+//! Liveness ([`Membership`]) only helps it: on shm a member is alive while
+//! its slot in the group file says *running* and its process exists (a
+//! crashed process is found by pid; a member thread that leaves sets its
+//! slot to *left*), and a gone member is gone for certain; on tcp a member
+//! is alive while its connection is up, and nothing is certain.
 //!
 //! Members beyond `1 + backups` are **spares**: they follow no epoch until
 //! a master puts them in its backup set (replacing a dead backup).

@@ -16,8 +16,8 @@
 //! logs with one-sided writes and answers once they all have it. The
 //! listening socket is bound before any member starts (so the address is
 //! known at once) and is shared by the members: if the master's thread
-//! fails, the lowest live backup recovers from its log and serves on the
-//! same address.
+//! fails, a backup elected by a majority recovers from its log and serves
+//! on the same address.
 //!
 //! [`KvService::stop`] (and `Drop`) stops cleanly: the master stops taking
 //! requests, ends its epoch with every backup's log sealed on disk, every
