@@ -17,30 +17,9 @@ N=${N:-100000}
 P=${P:-16}
 SYNC_N=${SYNC_N:-20000}
 
-if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q redis-server redis-tools
-fi
-cargo build --release -q -p spindle-cli
-bin=${CARGO_TARGET_DIR:-target}/release/spindle
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-wait_ping() { # port
-  for _ in $(seq 1 300); do
-    [ "$(redis-cli -p "$1" ping 2>/dev/null)" = "PONG" ] && return 0
-    sleep 0.1
-  done
-  echo "nothing answers PING on port $1" >&2; return 1
-}
+WORK_PREFIX=redis-compare
+# shellcheck source=bench/peers/redis-common.sh
+source bench/peers/redis-common.sh
 
 bench() { # label port
   redis-benchmark -h 127.0.0.1 -p "$2" -t set,get -n "$N" -P "$P" -q --csv 2>/dev/null \

@@ -17,32 +17,10 @@ N=${N:-50000}
 N1=${N1:-2000}
 BACKUPS=${BACKUPS:-3}
 REPS=${REPS:-3}
-TMP_BASE=${TMP_BASE:-${TMPDIR:-/tmp}}
 
-if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q redis-server redis-tools
-fi
-cargo build --release -q -p spindle-cli
-bin=${CARGO_TARGET_DIR:-target}/release/spindle
-
-work=$(mktemp -d -p "$TMP_BASE" kv-durability.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-wait_ping() { # port
-  for _ in $(seq 1 300); do
-    [ "$(redis-cli -p "$1" ping 2>/dev/null)" = "PONG" ] && return 0
-    sleep 0.1
-  done
-  echo "nothing answers PING on port $1" >&2; return 1
-}
+WORK_PREFIX=kv-durability
+# shellcheck source=bench/peers/redis-common.sh
+source bench/peers/redis-common.sh
 
 # One CSV line per run: server,run,rps,avg_ms,p50_ms,p99_ms
 bench() { # server port
