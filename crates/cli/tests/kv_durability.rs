@@ -35,19 +35,8 @@ const WAIT: Duration = Duration::from_secs(60);
 /// The kill comes this long at most after the round's first ack.
 const KILL_AFTER_MS_MAX: u64 = 700;
 
-/// xorshift64*: a seed reproduces the kill points and pipeline depths.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+/// The simulator's generator: a seed reproduces the run.
+use spindle_fabric::sim::SimRng as Rng;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -162,7 +151,7 @@ fn value(round: usize, i: usize, seed: u64) -> String {
 /// was acknowledged, in order (writes are acknowledged in order).
 fn write_until_killed(port: u16, round: usize, seed: u64, acked: Arc<Mutex<Vec<Instant>>>) {
     let mut c = Resp::connect(port, WAIT, WAIT);
-    let mut rng = Rng(seed ^ (round as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = Rng::new(seed ^ (round as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut next = 0;
     loop {
         let depth = 1 + rng.below(16) as usize;
@@ -256,7 +245,7 @@ fn kill_all_rounds(durability: &str, rounds: usize, seed: u64) -> Vec<RoundLoss>
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
     let dir = tempfile::tempdir_in(base).unwrap();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut history: Vec<(Vec<Instant>, Instant)> = Vec::new();
     let mut losses: Vec<RoundLoss> = Vec::new();
     for round in 0..=rounds {

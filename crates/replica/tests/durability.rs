@@ -11,6 +11,8 @@
 //!   backups; at every acknowledgement the record's bytes are already in
 //!   every backup's segment file, across segments (flow control).
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -287,13 +289,7 @@ fn shm_opener(group: &str, members: usize, dir: &Path) -> Opener<ShmFabric> {
 }
 
 fn tcp_opener(group: &str, members: usize, dir: &Path) -> Opener<TcpFabric> {
-    let mut listeners = Vec::new();
-    let mut addresses = Vec::new();
-    for _ in 0..members {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        addresses.push(l.local_addr().unwrap());
-        listeners.push(Some(l));
-    }
+    let (listeners, addresses) = common::loopback_listeners(members);
     let listeners = std::sync::Mutex::new(listeners);
     let (group, dir) = (group.to_string(), dir.to_path_buf());
     Arc::new(move |rank| {

@@ -7,8 +7,9 @@
 //! asserts a duration. Segment files go to tmpfs (`/dev/shm`) and are
 //! removed with the temp dir.
 
+mod common;
+
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -156,13 +157,7 @@ fn shm_opener(group: &str, members: usize, backups: usize, dir: &Path) -> Opener
 }
 
 fn tcp_opener(group: &str, members: usize, backups: usize, dir: &Path) -> Opener<TcpFabric> {
-    let mut listeners = Vec::new();
-    let mut addresses: Vec<SocketAddr> = Vec::new();
-    for _ in 0..members {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        addresses.push(l.local_addr().unwrap());
-        listeners.push(Some(l));
-    }
+    let (listeners, addresses) = common::loopback_listeners(members);
     let listeners = std::sync::Mutex::new(listeners);
     let (group, dir) = (group.to_string(), dir.to_path_buf());
     Arc::new(move |rank| {

@@ -17,19 +17,8 @@ use spindle_replica::record::{encoded_len, RecordKind};
 use spindle_replica::Mode;
 use spindle_runtime::IdleStrategy;
 
-/// xorshift64*: a seed reproduces a scenario.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+/// The simulator's generator: a seed reproduces the run.
+use spindle_fabric::sim::SimRng as Rng;
 
 fn config(group: &str, members: usize, mode: Mode, dir: &std::path::Path) -> NodeConfig {
     NodeConfig {
@@ -166,7 +155,7 @@ fn assert_recovered(leader: &Leader, model: &HashMap<Vec<u8>, Vec<u8>>, torn: Op
 }
 
 fn scenario(seed: u64, mode: Mode) {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut cluster = Cluster::start(seed, 3, mode);
     let mut model = HashMap::new();
     let writes = rng.below(400);
