@@ -11,7 +11,6 @@
 //! returns without failing.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -164,17 +163,7 @@ impl Drop for Net {
 
 fn write_group(dir: &Path, net: &Net, name: &str) -> PathBuf {
     let key = dir.join("group.key");
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&key)
-            .unwrap();
-        writeln!(f, "netns test key, 32 bytes long....").unwrap();
-    }
+    common::write_key_file(&key, "netns test key, 32 bytes long....");
     let mut text = format!(
         "[group]\nname = \"{name}\"\nkey_file = \"group.key\"\nwindow_slots = 256\npeer_timeout_ms = 2000\njoin_timeout_ms = 15000\n"
     );

@@ -45,20 +45,8 @@ fn free_ports(n: usize) -> Vec<u16> {
 
 /// A group file for `members` members on loopback, with a fresh key.
 fn write_group(dir: &Path, group: &str, members: usize, extra: &str) -> PathBuf {
-    use std::os::unix::fs::OpenOptionsExt;
     let key = dir.join("group.key");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&key)
-        .unwrap();
-    std::io::Write::write_all(
-        &mut f,
-        b"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
-    )
-    .unwrap();
+    common::write_key_file(&key, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff");
     let mut text = format!(
         "[group]\nname = \"{group}\"\nkey_file = \"{}\"\nwindow_slots = 64\njoin_timeout_ms = 20000\n{extra}\n",
         key.display()

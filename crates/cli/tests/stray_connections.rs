@@ -24,15 +24,7 @@ fn free_port() -> u16 {
 }
 
 fn write_group(dir: &Path, group: &str, ports: &[u16]) -> std::path::PathBuf {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut key = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(dir.join("g.key"))
-        .unwrap();
-    writeln!(key, "a stray-connections key, 32 b..").unwrap();
+    common::write_key_file(&dir.join("g.key"), "a stray-connections key, 32 b..");
     let mut config =
         format!("[group]\nname = \"{group}\"\nkey_file = \"g.key\"\nwindow_slots = 64\njoin_timeout_ms = 30000\n");
     for (id, port) in ports.iter().enumerate() {

@@ -8,7 +8,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -32,15 +31,7 @@ fn free_port() -> u16 {
 }
 
 fn write_key(dir: &Path, name: &str, key: &str) {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(dir.join(name))
-        .unwrap();
-    writeln!(f, "{key}").unwrap();
+    common::write_key_file(&dir.join(name), key);
 }
 
 /// A group file for `ports.len()` members on loopback.

@@ -226,14 +226,7 @@ impl Node<ShmFabric> {
     /// As [`Node::open`], acknowledging writes as `durability` says
     /// (every member must say the same: it is part of the layout tag).
     pub fn open_with(config: NodeConfig, rank: usize, durability: Durability) -> Result<Node<ShmFabric>, String> {
-        config.geometry.validate(config.value_bytes_max)?;
-        let layout = ReplicaLayout::with_durability(
-            config.members,
-            config.geometry,
-            config.mode.as_str(),
-            Completion::Push,
-            durability,
-        );
+        let layout = replica_layout(&config, Completion::Push, durability)?;
         let mut options = ShmOptions::new(
             &config.group,
             config.members,
@@ -281,7 +274,6 @@ impl Node<TcpFabric> {
         listener: Option<std::net::TcpListener>,
         durability: Durability,
     ) -> Result<Node<TcpFabric>, String> {
-        config.geometry.validate(config.value_bytes_max)?;
         if addresses.len() != config.members {
             return Err(format!(
                 "{} tcp addresses given for {} members",
@@ -289,13 +281,7 @@ impl Node<TcpFabric> {
                 config.members
             ));
         }
-        let layout = ReplicaLayout::with_durability(
-            config.members,
-            config.geometry,
-            config.mode.as_str(),
-            Completion::Echo,
-            durability,
-        );
+        let layout = replica_layout(&config, Completion::Echo, durability)?;
         let mut options = TcpOptions::new(
             &config.group,
             layout.row.row_len_bytes(),
@@ -310,6 +296,22 @@ impl Node<TcpFabric> {
         };
         Node::start(Arc::new(fabric.map_err(|e| e.to_string())?), layout, config)
     }
+}
+
+/// The row layout of a member with `config` (its geometry checked first).
+fn replica_layout(
+    config: &NodeConfig,
+    completion: Completion,
+    durability: Durability,
+) -> Result<ReplicaLayout, String> {
+    config.geometry.validate(config.value_bytes_max)?;
+    Ok(ReplicaLayout::with_durability(
+        config.members,
+        config.geometry,
+        config.mode.as_str(),
+        completion,
+        durability,
+    ))
 }
 
 /// What a member's disk holds, as published in `disk_epoch`:

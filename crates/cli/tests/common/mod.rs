@@ -6,6 +6,21 @@ use std::process::{Command, Output, Stdio};
 pub mod kv;
 pub mod netns;
 
+/// Write a group key file: `line` and a newline, readable by its owner
+/// only (`spindle` refuses a key file others may read).
+pub fn write_key_file(path: &std::path::Path, line: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    writeln!(f, "{line}").unwrap();
+}
+
 /// The `spindle` binary built for these tests.
 pub fn spindle() -> Command {
     Command::new(env!("CARGO_BIN_EXE_spindle"))
