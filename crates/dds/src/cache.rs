@@ -372,7 +372,8 @@ pub struct SampleInfo {
     /// The instance's state now.
     pub instance_state: InstanceState,
     /// `false` for the sample that announces an instance-state change
-    /// (dispose, unregister, writer lost): its bytes are empty.
+    /// (dispose, unregister, writer lost): its bytes are whatever the
+    /// dispose or unregister carried (empty for a writer-lost notice).
     pub valid_data: bool,
     /// The writer's clock at `write` (a writer-lost notice: the reader's
     /// `now_ns` when the loss was reported).
@@ -767,7 +768,7 @@ impl ReaderCache {
                     disposed_generation_count: 0,
                     no_writers_generation_count: 0,
                 };
-                let forced = self.unregister(i, writer, notice, true);
+                let forced = self.unregister(i, writer, notice, &[], true);
                 debug_assert!(forced.is_ok());
                 self.maybe_reclaim(i);
             }
@@ -884,7 +885,14 @@ impl ReaderCache {
     /// writer becomes not-alive-no-writers and `notice` announces it. Without
     /// room for the notice this refuses (nothing changes), unless `force`
     /// (a loss, which cannot be refused): the state then changes silently.
-    fn unregister(&mut self, i: u32, writer: WriterId, mut notice: Stored, force: bool) -> Result<(), RejectReason> {
+    fn unregister(
+        &mut self,
+        i: u32,
+        writer: WriterId,
+        mut notice: Stored,
+        payload: &[u8],
+        force: bool,
+    ) -> Result<(), RejectReason> {
         let inst = &self.instances[i as usize];
         let Some(pos) = inst.writers.iter().position(|&w| w == writer) else {
             return Ok(());
@@ -913,7 +921,7 @@ impl ReaderCache {
             notice.disposed_generation_count = inst.disposed_generation_count;
             notice.no_writers_generation_count = inst.no_writers_generation_count;
             if let Some(Ok(replace)) = room {
-                self.store(i, notice, &[], replace);
+                self.store(i, notice, payload, replace);
             }
         }
         Ok(())
@@ -947,7 +955,7 @@ impl ReaderCache {
             self.status.duplicates += 1;
             return Insert::Duplicate;
         }
-        if entry.last_seq_seen != 0 && meta.seq > entry.last_seq_seen + 1 {
+        if entry.last_seq_seen != 0 && meta.seq > entry.last_seq_seen.saturating_add(1) {
             self.status.samples_lost += meta.seq - entry.last_seq_seen - 1;
         }
         entry.last_seq_seen = entry.last_seq_seen.max(meta.seq);
@@ -991,7 +999,7 @@ impl ReaderCache {
         };
         if meta.kind == SampleKind::Unregister {
             let Some(i) = existing else { return Insert::Accepted };
-            return match self.unregister(i, meta.writer, sample, false) {
+            return match self.unregister(i, meta.writer, sample, payload, false) {
                 Ok(()) => {
                     self.maybe_reclaim(i);
                     Insert::Accepted
@@ -1054,8 +1062,7 @@ impl ReaderCache {
         }
         sample.disposed_generation_count = inst.disposed_generation_count;
         sample.no_writers_generation_count = inst.no_writers_generation_count;
-        let stored_payload: &[u8] = if meta.kind == SampleKind::Data { payload } else { &[] };
-        self.store(i, sample, stored_payload, replace);
+        self.store(i, sample, payload, replace);
         if replace {
             Insert::AcceptedReplacedOldest
         } else {
@@ -1581,7 +1588,8 @@ mod tests {
         assert!(got
             .iter()
             .all(|(i, _)| i.instance_state == InstanceState::NotAliveDisposed));
-        assert!(got[0].0.valid_data && !got[1].0.valid_data && got[1].1.is_empty());
+        assert!(got[0].0.valid_data && !got[1].0.valid_data);
+        assert_eq!(got[1].1, vec![0], "the dispose's bytes (the rig sends [0])");
         assert!(rig.read(StateMask::NOT_READ).is_empty(), "delivered once");
         rig.take();
         // A new sample revives it: view new again, generation bumped.
@@ -1625,6 +1633,25 @@ mod tests {
         }
         rig.write(W1, K3, 6);
         assert_eq!(rig.cache.instance_state(K3), Some(InstanceState::Alive));
+    }
+
+    #[test]
+    fn an_unregister_without_room_for_its_notice_is_refused_whole() {
+        let mut rig = Rig::new(ReaderQos::default().keep_all().resource_limits(limits(2, 2, 2)));
+        rig.matched(W1, 0);
+        rig.write(W1, K1, 1);
+        rig.write(W1, K1, 2);
+        assert_eq!(rig.unregister(W1, K1), Insert::RejectedPerInstanceLimit);
+        assert_eq!(
+            rig.cache.instance_state(K1),
+            Some(InstanceState::Alive),
+            "nothing changed"
+        );
+        assert_eq!(rig.cache.take_instance_with(K1, 1, |_, _| {}), 1);
+        assert_eq!(rig.unregister(W1, K1), Insert::Accepted, "offered again");
+        assert_eq!(rig.cache.instance_state(K1), Some(InstanceState::NotAliveNoWriters));
+        let got = rig.take();
+        assert_eq!((got.len(), got[1].0.valid_data, got[1].1.clone()), (2, false, vec![0]));
     }
 
     #[test]

@@ -180,8 +180,7 @@ impl WriterHistory {
             let oldest = chain.first();
             self.store.remove(&mut chain, oldest);
         }
-        let stored_payload: &[u8] = if meta.kind == SampleKind::Data { payload } else { &[] };
-        let stored = self.store.push_back(&mut chain, *meta, stored_payload);
+        let stored = self.store.push_back(&mut chain, *meta, payload);
         assert!(stored.is_some(), "room was checked");
         self.instances.insert(meta.instance, chain);
         self.last_seq = meta.seq;
@@ -299,13 +298,13 @@ mod tests {
             vec![
                 (1, SampleKind::Data, Some(2)),
                 (2, SampleKind::Data, Some(3)),
-                (1, SampleKind::Dispose, None)
+                (1, SampleKind::Dispose, Some(0))
             ]
         );
         w.send(2, SampleKind::Unregister, 0).unwrap();
         assert_eq!(
             w.replayed(),
-            vec![(1, SampleKind::Data, Some(2)), (1, SampleKind::Dispose, None)]
+            vec![(1, SampleKind::Data, Some(2)), (1, SampleKind::Dispose, Some(0))]
         );
         assert_eq!(w.history.instances(), 1);
         // Unregistering an unknown instance is harmless.

@@ -818,27 +818,23 @@ fn finite(ns: u64) -> Option<u64> {
 /// ns with `u64::MAX` = infinite. Partition names are not here.
 ///
 /// ```text
-///  0        1        2        3        4                8
-///  +--------+--------+--------+--------+----------------+
-///  |endpoint|reliab. |history |durab.  | history_depth  |   endpoint: 0 writer, 1 reader
-///  +--------+--------+--------+--------+----------------+   reliab.: 0 best effort, 1 reliable
-///  8                12               16                20   history: 0 keep last, 1 keep all
-///  +----------------+----------------+----------------+     durab.: 0 volatile, 1 transient local
-///  |  max_samples   | max_instances  | max_s_per_inst |
-///  +----------------+----------------+----------------+
-///  20               24                                 32
-///  +----------------+----------------------------------+
-///  |max_sample_bytes|      max_blocking_time_ns        |   max_sample_bytes: 0 for a reader
-///  +----------------+----------------------------------+
-///  32                                40                 48
-///  +----------------------------------+----------------+-----------------+
-///  |        deadline_period_ns        |       liveliness_lease_ns        |
-///  +----------------------------------+----------------------------------+
-///  48                                 56       57       60               64
-///  +----------------------------------+--------+--------+----------------+
-///  |            lifespan_ns           |owner-  |reserved| ownership_     |   ownership: 0 shared,
-///  |                                  |ship    | (0)    | strength (i32) |   1 exclusive
-///  +----------------------------------+--------+--------+----------------+
+///  byte 0        1         2         3         4                   8
+///       +--------+---------+---------+---------+-------------------+
+///       |endpoint|reliab.  |history  |durab.   |  history_depth    |
+///       +--------+---------+---------+---------+-------------------+
+///     8 |  max_samples     |  max_instances    |  max_s_per_inst.  | 20
+///       +------------------+-------------------+-------------------+
+///    20 | max_sample_bytes | 24  max_blocking_time_ns (u64)        | 32
+///       +------------------+---------------------------------------+
+///    32 |  deadline_period_ns (u64)  | 40  liveliness_lease_ns (u64)| 48
+///       +---------------------------+------------------------------+
+///    48 |  lifespan_ns (u64)        |56 own.|57 reserved|60 strength| 64
+///       +---------------------------+-------+-----------+----------+
+///
+///  endpoint: 0 writer, 1 reader        reliab.: 0 best effort, 1 reliable
+///  history: 0 keep last, 1 keep all    durab.: 0 volatile, 1 transient local
+///  own.: 0 shared, 1 exclusive         strength: i32 (0 for a reader)
+///  max_sample_bytes: 0 for a reader    reserved: 3 zero bytes
 /// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
