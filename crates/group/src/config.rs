@@ -110,6 +110,17 @@ pub struct GroupConfig {
     pub initial_members: Option<Vec<usize>>,
     /// Largest state snapshot a joiner can receive (bytes of the row).
     pub snapshot_bytes_max: usize,
+    /// A receiver tells the senders which slots it released at least
+    /// every `ack_every_slots` delivered slots (0: once half a window is
+    /// owed, the default). Releases also ride along with every other
+    /// push, so this is an upper bound on the acknowledgement interval:
+    /// the DDS layer's "readers acknowledge every K samples".
+    pub ack_every_slots: u32,
+    /// A sender reads its members' release counters on every pass (not
+    /// only once half its window is used), so [`crate::Sender::acknowledged_slots`]
+    /// is exact: what a paced writer (NAPA) needs to see its window
+    /// occupancy. Off by default (it reads every member's row each pass).
+    pub track_acks: bool,
 }
 
 /// Defaults, shared by the API, the CLI and the docs.
@@ -146,6 +157,8 @@ impl GroupConfig {
             suspect_timeout: Duration::from_millis(defaults::SUSPECT_TIMEOUT_MS),
             initial_members: None,
             snapshot_bytes_max: defaults::SNAPSHOT_BYTES_MAX,
+            ack_every_slots: 0,
+            track_acks: false,
         }
     }
 
@@ -231,6 +244,14 @@ impl GroupConfig {
                     "initial_members {initial:?}: none of them sends (senders = {ranks:?})"
                 ));
             }
+        }
+        if self.ack_every_slots as usize > self.window_slots / 2 {
+            return bad(format!(
+                "ack_every_slots = {} must be at most half the window ({} of window_slots = {})",
+                self.ack_every_slots,
+                self.window_slots / 2,
+                self.window_slots
+            ));
         }
         let ring_bytes = crate::layout::slot_stride(self.slot_payload_max) * self.window_slots;
         if ring_bytes > defaults::RING_BYTES_MAX {

@@ -135,6 +135,12 @@ pub struct GroupCore<F: Fabric> {
     app_reserved_seen: u64,
     app_backpressure_seen: u64,
     pub(crate) flow_limit: u64,
+    /// `GroupConfig::ack_every_slots`.
+    ack_every_slots: u32,
+    /// `GroupConfig::track_acks`.
+    track_acks: bool,
+    /// [`GroupCore::pause_receive`].
+    receive_paused: bool,
     pub(crate) counters: Counters,
     pub(crate) peer_check_interval_ns: u64,
     pub(crate) last_peer_check_ns: u64,
@@ -209,6 +215,9 @@ impl<F: Fabric> GroupCore<F> {
             app_reserved_seen: 0,
             app_backpressure_seen: 0,
             flow_limit: config.window_slots as u64,
+            ack_every_slots: config.ack_every_slots,
+            track_acks: config.track_acks,
+            receive_paused: false,
             counters: Counters::default(),
             peer_check_interval_ns: config.peer_check_interval.as_nanos() as u64,
             last_peer_check_ns: 0,
@@ -369,7 +378,7 @@ impl<F: Fabric> GroupCore<F> {
         // thread: a spinning loop needs no other thread to wake. After
         // publishing, so that a new message is not held up by it.
         self.fabric.receive_now();
-        if smc_running {
+        if smc_running && !self.receive_paused {
             work += self.receive(up)?;
             if self.my_sender_index.is_some() && self.send_nulls_if_blocking() {
                 work += self.publish()?;
@@ -426,10 +435,27 @@ impl<F: Fabric> GroupCore<F> {
     /// there before it blocks: flow control never waits for the lazy
     /// push.)
     fn release_urgent(&self) -> bool {
-        let half_window = self.layout.window_slots as u64 / 2;
+        let owed_max = match self.ack_every_slots {
+            0 => self.layout.window_slots as u64 / 2,
+            k => k as u64,
+        };
         (0..self.deliver_slots.len()).any(|i| {
-            Some(i) != self.my_sender_index && self.recv_slots[i].saturating_sub(self.released_pushed[i]) >= half_window
+            Some(i) != self.my_sender_index && self.recv_slots[i].saturating_sub(self.released_pushed[i]) >= owed_max
         })
+    }
+
+    /// Stop (or resume) receiving and delivering: a consumer that cannot
+    /// take more (a DDS reader whose keep-all history is full) pauses its
+    /// member. Heartbeats, pushes of its own messages and membership go
+    /// on, so the member is not suspected; the senders' windows fill and
+    /// their sends return `WouldBlock`: back-pressure, nothing dropped.
+    pub fn pause_receive(&mut self, paused: bool) {
+        self.receive_paused = paused;
+    }
+
+    /// Whether receiving is paused ([`GroupCore::pause_receive`]).
+    pub fn is_receive_paused(&self) -> bool {
+        self.receive_paused
     }
 
     /// Whether the SMC runs this pass: in a view, not wedged, own
@@ -1028,7 +1054,7 @@ impl<F: Fabric> GroupCore<F> {
         // Read the members' release counters only when the window is at
         // least half used: they live on lines the members keep writing.
         let ring = self.ring.as_ref().expect("sender ring");
-        if ring.reserved() + (self.layout.window_slots as u64 / 2) < self.flow_limit {
+        if !self.track_acks && ring.reserved() + (self.layout.window_slots as u64 / 2) < self.flow_limit {
             return;
         }
         if !self.refresh_tags() {

@@ -132,6 +132,12 @@ impl<F: Fabric> Group<F> {
     pub fn core(&self) -> &GroupCore<F> {
         &self.core
     }
+
+    /// Pause (or resume) receiving and delivering; see
+    /// [`GroupCore::pause_receive`].
+    pub fn pause_receive(&mut self, paused: bool) {
+        self.core.pause_receive(paused);
+    }
     pub fn my_rank(&self) -> usize {
         self.core.my_rank()
     }

@@ -106,6 +106,14 @@ impl SendRing {
         self.limit.store(limit, Ordering::Release);
     }
 
+    /// The flow-control limit (positions below it were released by every
+    /// member, less one window).
+    #[inline]
+    pub fn limit(&self) -> u64 {
+        // Partner: the Release store in `set_limit`.
+        self.limit.load(Ordering::Acquire)
+    }
+
     /// Positions handed out so far.
     #[inline]
     pub fn reserved(&self) -> u64 {

@@ -86,6 +86,31 @@ impl<F: Fabric> Sender<F> {
     pub fn backpressure_count(&self) -> u64 {
         self.ring.backpressure.load(Ordering::Relaxed)
     }
+
+    /// Slot positions handed out so far (the next reservation gets this
+    /// one).
+    pub fn reserved_slots(&self) -> u64 {
+        self.ring.reserved()
+    }
+
+    /// Slot positions every member of the view has released (delivered
+    /// and acknowledged): the flow-control limit minus the window. Exact
+    /// on every pass with `GroupConfig::track_acks`; otherwise refreshed
+    /// only once half the window is used.
+    pub fn acknowledged_slots(&self) -> u64 {
+        self.ring.limit().saturating_sub(self.ring.window_slots())
+    }
+
+    /// Slots reserved and not yet acknowledged by every member: the send
+    /// window's occupancy (what NAPA keeps between 1 and W).
+    pub fn window_occupancy(&self) -> u64 {
+        self.reserved_slots().saturating_sub(self.acknowledged_slots())
+    }
+
+    /// Slots in the send window.
+    pub fn window_slots(&self) -> u64 {
+        self.ring.window_slots()
+    }
 }
 
 /// A reserved slot: write the payload in place, then [`SendSlot::commit`].
@@ -110,6 +135,30 @@ impl<F: Fabric> SendSlot<'_, F> {
     #[inline]
     pub fn commit(mut self) {
         self.finish(0, self.payload.len() as u32);
+    }
+
+    /// Commit only the first `len` bytes of the reserved payload (a value
+    /// serialized in place whose size was known only after writing it).
+    /// Only those bytes are pushed.
+    ///
+    /// # Panics
+    ///
+    /// If `len` is larger than the reservation.
+    #[inline]
+    pub fn commit_len(mut self, len: usize) {
+        assert!(
+            len <= self.payload.len(),
+            "commit_len({len}) exceeds the reserved {} bytes",
+            self.payload.len()
+        );
+        self.finish(0, len as u32);
+    }
+
+    /// This slot's position in the sender's stream (0, 1, 2, …): the
+    /// message is acknowledged by every member once
+    /// [`Sender::acknowledged_slots`] exceeds it.
+    pub fn position(&self) -> u64 {
+        self.position
     }
 
     fn finish(&mut self, null_count: u32, len: u32) {

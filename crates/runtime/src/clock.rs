@@ -31,6 +31,34 @@ pub fn monotonic_coarse_ns() -> u64 {
     timespec_ns(&ts)
 }
 
+/// Wall-clock nanoseconds since the Unix epoch (CLOCK_REALTIME): for
+/// timestamps that other hosts compare (a DDS sample's source timestamp).
+/// It may jump when the clock is set: never use it for intervals.
+#[inline]
+pub fn realtime_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable out-pointer for the duration of the
+    // call, and CLOCK_REALTIME is always supported on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    timespec_ns(&ts)
+}
+
+/// Wait until the monotonic clock reads `deadline_ns`, without burning
+/// the CPU where the wait is long and precisely where it is short: sleep
+/// for all but the last `spin_ns`, then spin. Returns the clock when done.
+pub fn pace_until(deadline_ns: u64, spin_ns: u64) -> u64 {
+    let mut now = monotonic_ns();
+    if deadline_ns > now + spin_ns {
+        std::thread::sleep(std::time::Duration::from_nanos(deadline_ns - now - spin_ns));
+        now = monotonic_ns();
+    }
+    while now < deadline_ns {
+        std::hint::spin_loop();
+        now = monotonic_ns();
+    }
+    now
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,5 +46,5 @@ pub mod clock;
 pub mod idle;
 
 pub use agent::{Agent, AgentRunner, ThreadingMode};
-pub use clock::{monotonic_coarse_ns, monotonic_ns};
+pub use clock::{monotonic_coarse_ns, monotonic_ns, pace_until, realtime_ns};
 pub use idle::{IdleStrategy, Idler};
