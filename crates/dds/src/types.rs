@@ -123,7 +123,7 @@ pub trait Keyed {
 pub fn instance_of<K: Serialize>(key: &K) -> InstanceHandle {
     let mut buf = [0u8; 256];
     match postcard::to_slice(key, &mut buf) {
-        Ok(bytes) if bytes.is_empty() => InstanceHandle(0),
+        Ok([]) => InstanceHandle(0),
         Ok(bytes) => InstanceHandle(xxhash_rust::xxh3::xxh3_64(bytes)),
         // A key longer than 256 B: hash its full serialization (a rare,
         // allocating path).
@@ -135,7 +135,7 @@ pub fn instance_of<K: Serialize>(key: &K) -> InstanceHandle {
 
 impl<T: Serialize + DeserializeOwned + Keyed> TopicType for T {
     fn type_name() -> &'static str {
-        std::any::type_name::<T>()
+        short_type_name(std::any::type_name::<T>())
     }
 
     fn instance(&self) -> InstanceHandle {
@@ -153,6 +153,17 @@ impl<T: Serialize + DeserializeOwned + Keyed> TopicType for T {
 
     fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         postcard::from_bytes(bytes).map_err(|e| DecodeError(e.to_string()))
+    }
+}
+
+/// A Rust type name without its module path (`app::sensor::Reading` →
+/// `Reading`), so that two programs that define the same type in
+/// different modules agree; a generic type keeps its full name.
+pub fn short_type_name(full: &'static str) -> &'static str {
+    if full.contains('<') {
+        full
+    } else {
+        full.rsplit("::").next().unwrap_or(full)
     }
 }
 
@@ -195,18 +206,39 @@ mod tests {
 
     #[test]
     fn a_value_round_trips_and_its_key_names_its_instance() {
-        let r = Reading { sensor: 7, celsius: 21.5 };
+        let r = Reading {
+            sensor: 7,
+            celsius: 21.5,
+        };
         let mut buf = [0u8; 64];
         let n = r.encode(&mut buf).unwrap();
         assert_eq!(Reading::decode(&buf[..n]).unwrap(), r);
-        assert_eq!(r.instance(), Reading { sensor: 7, celsius: -3.0 }.instance());
-        assert_ne!(r.instance(), Reading { sensor: 8, celsius: 21.5 }.instance());
+        assert_eq!(
+            r.instance(),
+            Reading {
+                sensor: 7,
+                celsius: -3.0
+            }
+            .instance()
+        );
+        assert_ne!(
+            r.instance(),
+            Reading {
+                sensor: 8,
+                celsius: 21.5
+            }
+            .instance()
+        );
         assert_eq!(instance_of(&()), InstanceHandle(0));
+        assert_eq!(Reading::type_name(), "Reading");
     }
 
     #[test]
     fn a_value_too_large_for_the_slot_is_a_clear_error() {
-        let r = Reading { sensor: 7, celsius: 21.5 };
+        let r = Reading {
+            sensor: 7,
+            celsius: 21.5,
+        };
         let mut buf = [0u8; 4];
         assert_eq!(r.encode(&mut buf), Err(EncodeError::TooLarge { capacity_bytes: 4 }));
     }
