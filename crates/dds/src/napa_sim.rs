@@ -784,6 +784,27 @@ mod tests {
         )
     }
 
+    /// The scenarios of the latency claim: the seed's LAN at 100–200 kB,
+    /// and at 100 and 200 kB: 10 Gb/s, a reader slower than the link, two
+    /// readers.
+    fn claim_scenarios() -> Vec<(&'static str, Scenario)> {
+        let mut scenarios: Vec<(&str, Scenario)> = [100_000, 150_000, 200_000]
+            .map(|size| ("1 Gb/s", Scenario::lan(size)))
+            .to_vec();
+        for size in [100_000, 200_000] {
+            let mut fast = Scenario::lan(size);
+            fast.link_bytes_per_s = 1_250_000_000;
+            scenarios.push(("10 Gb/s", fast.with_idle_ack()));
+            let mut slow_reader = Scenario::lan(size);
+            slow_reader.reader_bytes_per_s = 100_000_000;
+            scenarios.push(("reader 100 MB/s", slow_reader.with_idle_ack()));
+            let mut two = Scenario::lan(size);
+            two.readers = 2;
+            scenarios.push(("2 readers", two));
+        }
+        scenarios
+    }
+
     #[test]
     fn invariants_hold_for_500_seeds_with_and_without_napa() {
         for seed in 0..500 {
@@ -819,20 +840,8 @@ mod tests {
     /// ≥ 0.95× the throughput.
     #[test]
     fn napa_cuts_latency_5x_at_095_throughput_for_large_samples() {
-        let mut scenarios: Vec<Scenario> = [100_000, 150_000, 200_000].map(Scenario::lan).to_vec();
-        for size in [100_000, 200_000] {
-            // 10 Gb/s, a slower reader, two readers.
-            let mut fast = Scenario::lan(size);
-            fast.link_bytes_per_s = 1_250_000_000;
-            scenarios.push(fast.with_idle_ack());
-            let mut slow_reader = Scenario::lan(size);
-            slow_reader.reader_bytes_per_s = 100_000_000;
-            scenarios.push(slow_reader.with_idle_ack());
-            let mut two = Scenario::lan(size);
-            two.readers = 2;
-            scenarios.push(two);
-        }
-        for scenario in &scenarios {
+        for (_, scenario) in claim_scenarios() {
+            let scenario = &scenario;
             let off = run(scenario, None);
             let on = run(scenario, Some(scenario.napa_config()));
             let line = row(&off, &on);
@@ -880,7 +889,7 @@ mod tests {
         let _ = run(&scenario, None);
     }
 
-    /// Prints docs/napa.md's table: `cargo test -p spindle-dds --release
+    /// Prints docs/napa.md's table: `cargo test -p spindle-dds
     /// napa_sim::tests::print_sweep_table -- --ignored --nocapture`.
     #[test]
     #[ignore = "prints the docs/napa.md table"]
@@ -890,40 +899,65 @@ mod tests {
         for (_, off, on) in sweep(&[5_000, 10_000, 20_000, 50_000, 64_000, 100_000, 150_000, 200_000]) {
             println!("{}", row(&off, &on));
         }
+        println!();
+        for (name, scenario) in claim_scenarios() {
+            let off = run(&scenario, None);
+            let on = run(&scenario, Some(scenario.napa_config()));
+            println!("| {name} {}", row(&off, &on));
+        }
     }
 
     /// Prints docs/napa.md's figures over the 500 seeded scenarios:
-    /// `cargo test -p spindle-dds --release napa_sim::tests::print_seed_summary
+    /// `cargo test -p spindle-dds napa_sim::tests::print_seed_summary
     /// -- --ignored --nocapture`.
     #[test]
     #[ignore = "prints the docs/napa.md seed summary"]
     fn print_seed_summary() {
-        let mut latency_ratio = Vec::new();
-        let mut throughput_ratio = Vec::new();
-        let mut in_range = Vec::new();
-        for seed in 0..500 {
-            let scenario = scenario_for_seed(seed);
-            let off = run(&scenario, None);
-            let on = run(&scenario, Some(scenario.napa_config()));
-            latency_ratio.push(off.latency_send_ns.p50_ns as f64 / on.latency_send_ns.p50_ns as f64);
-            throughput_ratio.push(on.throughput_bytes_per_s / off.throughput_bytes_per_s);
-            in_range.push(on.in_range_fraction());
-        }
-        for (name, mut values) in [
-            ("p50 send→deliver off/on", latency_ratio),
-            ("throughput on/off", throughput_ratio),
-            ("post-decay periods with N in [low, W]", in_range),
-        ] {
-            values.sort_by(f64::total_cmp);
-            let q = |p: usize| values[(values.len() - 1) * p / 100];
-            println!(
-                "| {name} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
-                q(0),
-                q(5),
-                q(50),
-                q(95),
-                q(100)
-            );
+        let runs: Vec<(Scenario, SimReport, SimReport)> = (0..500)
+            .map(|seed| {
+                let scenario = scenario_for_seed(seed);
+                let off = run(&scenario, None);
+                let on = run(&scenario, Some(scenario.napa_config()));
+                (scenario, off, on)
+            })
+            .collect();
+        type Class = fn(&Scenario) -> bool;
+        let classes: [(&str, Class); 4] = [
+            ("all", |_| true),
+            ("saturating, no slow phase", |s| {
+                s.load == Load::Saturating && s.slow_phase.is_none()
+            }),
+            ("fixed rate, no slow phase", |s| {
+                s.load != Load::Saturating && s.slow_phase.is_none()
+            }),
+            ("with a slow phase", |s| s.slow_phase.is_some()),
+        ];
+        type Metric = fn(&SimReport, &SimReport) -> f64;
+        let metrics: [(&str, Metric); 3] = [
+            ("p50 send→deliver off/on", |off, on| {
+                off.latency_send_ns.p50_ns as f64 / on.latency_send_ns.p50_ns as f64
+            }),
+            ("throughput on/off", |off, on| {
+                on.throughput_bytes_per_s / off.throughput_bytes_per_s
+            }),
+            ("post-decay ticks with N in [low, W]", |_, on| on.in_range_fraction()),
+        ];
+        for (class, member) in classes {
+            let chosen: Vec<_> = runs.iter().filter(|(s, _, _)| member(s)).collect();
+            for (name, metric) in metrics {
+                let mut values: Vec<f64> = chosen.iter().map(|(_, off, on)| metric(off, on)).collect();
+                values.sort_by(f64::total_cmp);
+                let q = |p: usize| values[(values.len() - 1) * p / 100];
+                println!(
+                    "| {class} ({}) | {name} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                    values.len(),
+                    q(0),
+                    q(5),
+                    q(50),
+                    q(95),
+                    q(100)
+                );
+            }
         }
     }
 }
