@@ -24,6 +24,7 @@
 
 pub mod baseline;
 pub mod cluster;
+pub mod dds_perf;
 pub mod demo;
 pub mod failover;
 pub mod fanout;

@@ -279,6 +279,81 @@ fn format_ns(ns: f64) -> String {
     }
 }
 
+/// Write `spindle dds perf`'s picture: NAPA's window occupancy and high
+/// threshold W (left) and its inter-sample gap (right) over time, with
+/// the run's latency and throughput in the title.
+///
+/// ```text
+///  ┌ title: size, reliability, napa, latency p50/p99, throughput ───────────┐
+///  │ occupancy (slots) ── and W ‥‥     │ gap (µs) ──                         │
+///  └───────────────────────────────────┴─────────────────────────────────────┘
+/// ```
+pub fn write_napa_plot(path: &Path, result: &crate::dds_perf::PerfResult) -> Result<(), String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH_PX, HEIGHT_PX)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let title = format!(
+            "spindle dds perf {} {} B {}, napa {}: p50 {:.1} µs, p99 {:.1} µs, {:.0} Mb/s",
+            result.transport,
+            result.size,
+            if result.reliable { "reliable" } else { "best-effort" },
+            if result.napa { "on" } else { "off" },
+            result.latency_ns.p50 as f64 / 1e3,
+            result.latency_ns.p99 as f64 / 1e3,
+            result.throughput_mbps
+        );
+        let body = root.titled(&title, ("sans-serif", 18).into_font()).map_err(err)?;
+        let (left, right) = body.split_horizontally(WIDTH_PX / 2);
+        let t_max = result.trace.last().map_or(1.0, |p| p.t_s).max(1e-3);
+        let occ_max = result
+            .trace
+            .iter()
+            .map(|p| p.occupancy.max(p.high_threshold as u64))
+            .max()
+            .unwrap_or(1)
+            .max(1) as f64
+            * 1.1;
+        let mut chart = ChartBuilder::on(&left)
+            .caption("window occupancy (slots) and W", ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0.0..t_max, 0.0..occ_max)
+            .map_err(err)?;
+        chart.configure_mesh().x_desc("s").draw().map_err(err)?;
+        chart
+            .draw_series(LineSeries::new(
+                result.trace.iter().map(|p| (p.t_s, p.occupancy as f64)),
+                &MEMBER_COLOR,
+            ))
+            .map_err(err)?;
+        chart
+            .draw_series(LineSeries::new(
+                result.trace.iter().map(|p| (p.t_s, p.high_threshold as f64)),
+                &SLOWEST_COLOR,
+            ))
+            .map_err(err)?;
+        let gap_max = result.trace.iter().map(|p| p.gap_ns).max().unwrap_or(1).max(1) as f64 / 1e3 * 1.1;
+        let mut chart = ChartBuilder::on(&right)
+            .caption("NAPA inter-sample gap (µs)", ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0.0..t_max, 0.0..gap_max)
+            .map_err(err)?;
+        chart.configure_mesh().x_desc("s").draw().map_err(err)?;
+        chart
+            .draw_series(LineSeries::new(
+                result.trace.iter().map(|p| (p.t_s, p.gap_ns as f64 / 1e3)),
+                &OWN_COLOR,
+            ))
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    std::fs::write(path, svg).map_err(|e| format!("plot {}: {e}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -50,6 +50,9 @@ enum Command {
     Rt(rt::RtCommand),
     /// Deterministic simulation with fault injection and invariant checking.
     Sim(sim::SimArgs),
+    /// Data-centric publish/subscribe (DDS): perf (ddsperf-like).
+    #[command(subcommand)]
+    Dds(spindle_bench::dds_perf::DdsCommand),
     /// Acknowledged multicast over a static tree: bench, calibrate, sim.
     #[command(subcommand)]
     Fanout(spindle_bench::fanout::FanoutCommand),
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Kv(command) => kv::run(command),
         Command::Rt(command) => rt::run(command),
+        Command::Dds(command) => spindle_bench::dds_perf::run(command),
         Command::Sim(args) => sim::run(args),
         Command::Fanout(command) => spindle_bench::fanout::run(command),
         Command::Member(args) => member::run(args),

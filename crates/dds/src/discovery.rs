@@ -414,7 +414,14 @@ mod tests {
             .unwrap();
         let r = endpoint_id(1, 1);
         d.handle_announce(
-            &reader(r, "t", "T", &ReaderQos::default().reliable(Duration::from_millis(5)).transient_local()),
+            &reader(
+                r,
+                "t",
+                "T",
+                &ReaderQos::default()
+                    .reliable(Duration::from_millis(5))
+                    .transient_local(),
+            ),
             &mut events,
         )
         .unwrap();
@@ -438,18 +445,33 @@ mod tests {
         let mut d = Discovery::new();
         let mut events = Vec::new();
         d.handle_announce(
-            &writer(endpoint_id(0, 1), "t", "T", &WriterQos::default().partition(&["plant-a"])),
+            &writer(
+                endpoint_id(0, 1),
+                "t",
+                "T",
+                &WriterQos::default().partition(&["plant-a"]),
+            ),
             &mut events,
         )
         .unwrap();
         d.handle_announce(
-            &reader(endpoint_id(1, 1), "t", "T", &ReaderQos::default().partition(&["plant-b"])),
+            &reader(
+                endpoint_id(1, 1),
+                "t",
+                "T",
+                &ReaderQos::default().partition(&["plant-b"]),
+            ),
             &mut events,
         )
         .unwrap();
         assert!(events.is_empty(), "{events:?}");
         d.handle_announce(
-            &reader(endpoint_id(1, 2), "t", "T", &ReaderQos::default().partition(&["plant-*"])),
+            &reader(
+                endpoint_id(1, 2),
+                "t",
+                "T",
+                &ReaderQos::default().partition(&["plant-*"]),
+            ),
             &mut events,
         )
         .unwrap();
@@ -496,7 +518,10 @@ mod tests {
         let mut d = Discovery::new();
         let mut a = writer(endpoint_id(0, 1), "t", "T", &WriterQos::default());
         a.qos.truncate(3);
-        assert!(matches!(d.handle_announce(&a, &mut Vec::new()), Err(DiscoveryError::Qos { .. })));
+        assert!(matches!(
+            d.handle_announce(&a, &mut Vec::new()),
+            Err(DiscoveryError::Qos { .. })
+        ));
         let mut r = reader(endpoint_id(0, 2), "t", "T", &ReaderQos::default());
         r.msg = MSG_WRITER;
         assert!(

@@ -111,6 +111,16 @@ impl<F: Fabric> Sender<F> {
     pub fn window_slots(&self) -> u64 {
         self.ring.window_slots()
     }
+
+    /// Wake this member's progress loop if it is parked on the doorbell
+    /// (one fence and one load when it is not), so a message committed
+    /// from another thread is published now rather than after the park
+    /// (up to the idle strategy's park time). Call it after
+    /// [`SendSlot::commit`] when the sender does not poll itself.
+    #[inline]
+    pub fn wake_progress(&self) {
+        self.fabric.doorbell().ring();
+    }
 }
 
 /// A reserved slot: write the payload in place, then [`SendSlot::commit`].

@@ -76,7 +76,11 @@ fn a_paused_receiver_fills_the_window_is_not_suspected_and_loses_nothing() {
     }
     assert_eq!(sent, WINDOW_SLOTS as u64, "back-pressure: exactly one window in flight");
     assert_eq!(sender.window_occupancy(), WINDOW_SLOTS as u64);
-    assert_eq!(delivered.load(Ordering::Acquire), 0, "the paused member delivered nothing");
+    assert_eq!(
+        delivered.load(Ordering::Acquire),
+        0,
+        "the paused member delivered nothing"
+    );
     assert_eq!(group.view().members, vec![0, 1], "the paused member was not suspected");
     paused.store(false, Ordering::Release);
     while sent < MESSAGES {

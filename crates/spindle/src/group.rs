@@ -132,6 +132,13 @@ impl<A: Upcalls> Group<A> {
         &mut self.app
     }
 
+    /// Pause (or resume) receiving and delivering while heartbeats and
+    /// membership go on: back-pressure from an application that cannot
+    /// take more (the senders' windows fill; nothing is dropped).
+    pub fn pause_receive(&mut self, paused: bool) {
+        self.inner.pause_receive(paused);
+    }
+
     /// The lower layer's member (for the counters and positions).
     pub fn inner(&self) -> &spindle_group::Group<AnyFabric> {
         &self.inner

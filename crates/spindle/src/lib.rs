@@ -98,6 +98,7 @@
 
 pub mod builder;
 pub mod config;
+pub mod dds;
 pub mod error;
 pub mod group;
 pub mod kv;

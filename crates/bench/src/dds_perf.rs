@@ -1,0 +1,608 @@
+//! `spindle dds perf`: DDS throughput and latency in the manner of
+//! ddsperf and RTI Perftest, with NAPA's window occupancy and gap over
+//! time.
+//!
+//! ```text
+//! spindle dds perf pair --size 102400 --napa on --seconds 5 --json r.json --svg r.svg
+//! spindle dds perf pair --latency --size 16 --transport tcp
+//! spindle dds perf pub --rank 0 --transport tcp --peers 10.0.0.1:7400,10.0.0.2:7400 --key-file k
+//! spindle dds perf sub --rank 1 --transport tcp --peers 10.0.0.1:7400,10.0.0.2:7400 --key-file k
+//! ```
+//!
+//! Roles: `pub` writes samples as fast as its window and NAPA allow (or
+//! at `--rate`), `sub` takes them and measures one-way latency (the
+//! reader's reception time minus the writer's source timestamp: one
+//! clock on one host, `CLOCK_REALTIME`) and throughput; `ping` writes one
+//! sample at a time and waits for `pong`'s echo (round-trip latency).
+//! `pair` runs both roles of a test as two processes of this host and
+//! merges their results.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+use spindle::dds::{DdsError, DomainParticipant, Keyed, NapaConfig, NapaTrace, ReaderQos, WriterQos};
+use spindle::{TcpTransport, Transport};
+
+use crate::report::{Machine, Percentiles};
+
+/// `spindle dds …`.
+#[derive(Subcommand, Debug)]
+pub enum DdsCommand {
+    /// Throughput and latency between a publisher and a subscriber (or a
+    /// ping and a pong), like ddsperf.
+    Perf(PerfArgs),
+}
+
+/// Run a `spindle dds` command.
+pub fn run(command: DdsCommand) -> Result<(), String> {
+    match command {
+        DdsCommand::Perf(args) => perf(args),
+    }
+}
+
+/// A perf role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum Role {
+    /// Both roles of the test, as two processes of this host.
+    Pair,
+    /// Write samples (throughput).
+    Pub,
+    /// Take samples, measure one-way latency and throughput.
+    Sub,
+    /// Write one sample at a time, wait for its echo (round trip).
+    Ping,
+    /// Echo every sample back.
+    Pong,
+}
+
+/// The transport of a perf run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum PerfTransport {
+    /// Shared memory (one host).
+    Shm,
+    /// Tcp (loopback in `pair`, or `--peers`).
+    Tcp,
+}
+
+/// On or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum OnOff {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
+/// `spindle dds perf` arguments.
+#[derive(Args, Debug, Clone, Serialize, Deserialize)]
+pub struct PerfArgs {
+    /// pair, pub, sub, ping or pong.
+    #[arg(value_enum)]
+    pub role: Role,
+    /// Serialized sample size in bytes (16 B – 200 KB).
+    #[arg(long, default_value_t = 1024)]
+    pub size: usize,
+    /// Reliable delivery (the default); `--best-effort` for best effort.
+    #[arg(long, default_value_t = false)]
+    pub best_effort: bool,
+    /// NAPA pacing of the reliable writer.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub napa: OnOff,
+    /// How long the writer writes.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Offered samples per second (0: as fast as possible: a saturating
+    /// load).
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// Readers acknowledge at least every K samples.
+    #[arg(long, default_value_t = 10)]
+    pub ack_every: u32,
+    /// Send-window slots (a power of two).
+    #[arg(long, default_value_t = 64)]
+    pub window: usize,
+    /// With `pair`: ping/pong (round-trip latency) instead of pub/sub.
+    #[arg(long, default_value_t = false)]
+    pub latency: bool,
+    /// shm or tcp.
+    #[arg(long, value_enum, default_value_t = PerfTransport::Shm)]
+    pub transport: PerfTransport,
+    /// The domain id (two perf runs at once need different ones).
+    #[arg(long, default_value_t = 0)]
+    pub domain: u32,
+    /// This participant's rank (pub/ping 0, sub/pong 1).
+    #[arg(long)]
+    pub rank: Option<usize>,
+    /// tcp: both participants' `host:port`, rank 0 first.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<SocketAddr>,
+    /// tcp: the domain key file (at least 16 bytes).
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// Write the result as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Plot latency and NAPA's occupancy and gap over time (SVG) here.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// (internal) where a role writes its part of the result.
+    #[arg(long, hide = true)]
+    pub part_file: Option<PathBuf>,
+}
+
+/// The sample type of every perf topic.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct PerfSample {
+    /// Sequence number of the writer.
+    pub seq: u64,
+    /// Filler up to the sample size.
+    #[serde(with = "serde_bytes")]
+    pub payload: Vec<u8>,
+}
+
+impl Keyed for PerfSample {
+    type Key = ();
+    fn key(&self) {}
+}
+
+/// Bytes postcard adds around the filler (seq varint ≤ 10, length ≤ 5).
+const SAMPLE_OVERHEAD_BYTES_MAX: usize = 15;
+
+/// One point of NAPA's trace.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct TracePoint {
+    /// Seconds since the writer started.
+    pub t_s: f64,
+    /// The window's occupancy (slots not yet acknowledged).
+    pub occupancy: u64,
+    /// NAPA's inter-sample gap (ns).
+    pub gap_ns: u64,
+    /// NAPA's high threshold W.
+    pub high_threshold: u32,
+    /// NAPA's RTT estimate (ns).
+    pub rtt_ns: u64,
+}
+
+/// What one role measured (the `pair` parent merges two).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Part {
+    /// Samples written (pub, ping).
+    pub written: u64,
+    /// Samples taken (sub) or echoes (ping).
+    pub received: u64,
+    /// Bytes of samples taken.
+    pub received_bytes: u64,
+    /// Seconds between the first and the last sample taken.
+    pub received_span_s: f64,
+    /// One-way (sub) or round-trip (ping) latency.
+    pub latency_ns: Percentiles,
+    /// Writes that waited for a full window.
+    pub writes_blocked: u64,
+    /// NAPA over time (pub).
+    pub trace: Vec<TracePoint>,
+}
+
+/// The JSON a perf run writes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PerfResult {
+    /// Serialized sample bytes.
+    pub size: usize,
+    /// Reliable delivery.
+    pub reliable: bool,
+    /// NAPA on.
+    pub napa: bool,
+    /// shm or tcp.
+    pub transport: String,
+    /// pub/sub (throughput, one-way latency) or ping/pong (round trip).
+    pub test: String,
+    /// Offered rate (0: saturating).
+    pub rate: u64,
+    /// K.
+    pub ack_every: u32,
+    /// Send-window slots.
+    pub window: usize,
+    /// One-way latency (pub/sub) or round-trip latency (ping/pong), ns.
+    pub latency_ns: Percentiles,
+    /// Samples per second taken by the subscriber.
+    pub throughput_samples_per_s: f64,
+    /// Megabits per second of sample bytes taken by the subscriber.
+    pub throughput_mbps: f64,
+    /// Samples written.
+    pub written: u64,
+    /// Samples received.
+    pub received: u64,
+    /// Writes that waited for a full window.
+    pub writes_blocked: u64,
+    /// NAPA's window occupancy and gap over time.
+    pub trace: Vec<TracePoint>,
+    /// Where it ran.
+    pub machine: Machine,
+}
+
+fn perf(args: PerfArgs) -> Result<(), String> {
+    if !(16..=200 * 1024).contains(&args.size) {
+        return Err(format!("--size {} must be in 16..=204800 bytes", args.size));
+    }
+    if !(args.seconds > 0.0 && args.seconds <= 3600.0) {
+        return Err(format!("--seconds {} must be in (0, 3600]", args.seconds));
+    }
+    match args.role {
+        Role::Pair => pair(&args),
+        role => {
+            let part = run_role(role, &args).map_err(|e| format!("dds perf {role:?}: {e}"))?;
+            match &args.part_file {
+                Some(path) => std::fs::write(path, serde_json::to_vec(&part).expect("a part serializes"))
+                    .map_err(|e| format!("write {}: {e}", path.display())),
+                None => {
+                    println!("{}", serde_json::to_string_pretty(&part).expect("a part serializes"));
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+/// Run the two roles as two processes of this binary and merge.
+fn pair(args: &PerfArgs) -> Result<(), String> {
+    let dir = tempfile_dir()?;
+    let (first, second) = if args.latency {
+        (Role::Ping, Role::Pong)
+    } else {
+        (Role::Pub, Role::Sub)
+    };
+    let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
+    let mut common: Vec<String> = vec![
+        "--size".into(),
+        args.size.to_string(),
+        "--napa".into(),
+        if args.napa == OnOff::On { "on" } else { "off" }.into(),
+        "--seconds".into(),
+        args.seconds.to_string(),
+        "--rate".into(),
+        args.rate.to_string(),
+        "--ack-every".into(),
+        args.ack_every.to_string(),
+        "--window".into(),
+        args.window.to_string(),
+        "--domain".into(),
+        args.domain.to_string(),
+    ];
+    if args.best_effort {
+        common.push("--best-effort".into());
+    }
+    if args.transport == PerfTransport::Tcp {
+        let base = crate::cluster::free_ports(2)?;
+        let key = dir.join("domain.key");
+        std::fs::write(&key, b"spindle-dds-perf-key-0123456789").map_err(|e| format!("key file: {e}"))?;
+        common.extend([
+            "--transport".into(),
+            "tcp".into(),
+            "--peers".into(),
+            format!("127.0.0.1:{},127.0.0.1:{}", base, base + 1),
+            "--key-file".into(),
+            key.display().to_string(),
+        ]);
+    }
+    let mut children = Vec::new();
+    for (rank, role) in [(0usize, first), (1, second)] {
+        let part = dir.join(format!("part{rank}.json"));
+        let role_name = format!("{role:?}").to_lowercase();
+        let child = Command::new(&exe)
+            .args(["dds", "perf", &role_name, "--rank", &rank.to_string(), "--part-file"])
+            .arg(&part)
+            .args(&common)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("start the {role_name} process: {e}"))?;
+        children.push((child, part, role_name));
+    }
+    let mut parts = Vec::new();
+    let mut failures = Vec::new();
+    for (mut child, part, role) in children {
+        let status = child.wait().map_err(|e| format!("wait for {role}: {e}"))?;
+        if !status.success() {
+            failures.push(format!("{role} exited with {status}"));
+            continue;
+        }
+        let bytes = std::fs::read(&part).map_err(|e| format!("{role}'s result: {e}"))?;
+        parts.push(serde_json::from_slice::<Part>(&bytes).map_err(|e| format!("{role}'s result: {e}"))?);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if !failures.is_empty() {
+        return Err(failures.join("; "));
+    }
+    let (writer, reader) = (&parts[0], &parts[1]);
+    let measured = if args.latency { writer } else { reader };
+    let span = reader.received_span_s.max(1e-9);
+    let result = PerfResult {
+        size: args.size,
+        reliable: !args.best_effort,
+        napa: args.napa == OnOff::On && !args.best_effort,
+        transport: format!("{:?}", args.transport).to_lowercase(),
+        test: if args.latency { "ping-pong" } else { "pub-sub" }.into(),
+        rate: args.rate,
+        ack_every: args.ack_every,
+        window: args.window,
+        latency_ns: measured.latency_ns,
+        throughput_samples_per_s: if args.latency {
+            writer.received as f64 / args.seconds
+        } else {
+            reader.received as f64 / span
+        },
+        throughput_mbps: if args.latency {
+            (writer.received as f64 * args.size as f64 * 8.0) / args.seconds / 1e6
+        } else {
+            reader.received_bytes as f64 * 8.0 / span / 1e6
+        },
+        written: writer.written,
+        received: measured.received,
+        writes_blocked: writer.writes_blocked,
+        trace: writer.trace.clone(),
+        machine: Machine::detect(),
+    };
+    println!(
+        "dds perf {} {} B, {}, napa {}: latency p50 {:.1} µs p99 {:.1} µs ({}), {:.0} samples/s, {:.1} Mb/s ({} written, {} received, {} writes blocked)",
+        result.test,
+        result.size,
+        if result.reliable { "reliable" } else { "best-effort" },
+        if result.napa { "on" } else { "off" },
+        result.latency_ns.p50 as f64 / 1e3,
+        result.latency_ns.p99 as f64 / 1e3,
+        if args.latency { "round trip" } else { "one way" },
+        result.throughput_samples_per_s,
+        result.throughput_mbps,
+        result.written,
+        result.received,
+        result.writes_blocked,
+    );
+    if let Some(path) = &args.json {
+        let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        f.write_all(
+            serde_json::to_string_pretty(&result)
+                .expect("a result serializes")
+                .as_bytes(),
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.svg {
+        crate::plot::write_napa_plot(path, &result)?;
+    }
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("spindle-dds-perf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+fn participant(args: &PerfArgs, rank: usize) -> Result<DomainParticipant, DdsError> {
+    let mut builder = DomainParticipant::builder(args.domain)
+        .participants(2)
+        .rank(rank)
+        .window_slots(args.window)
+        .ack_every(args.ack_every)
+        .max_sample_bytes(args.size + SAMPLE_OVERHEAD_BYTES_MAX)
+        .join_timeout(Duration::from_secs(30));
+    if args.transport == PerfTransport::Tcp {
+        let key_file = args
+            .key_file
+            .as_deref()
+            .ok_or_else(|| DdsError::Config("--transport tcp needs --key-file".into()))?;
+        let key = std::fs::read(key_file).map_err(|e| DdsError::Config(format!("{}: {e}", key_file.display())))?;
+        if args.peers.len() != 2 {
+            return Err(DdsError::Config(format!(
+                "--peers needs both participants' addresses (2), got {}",
+                args.peers.len()
+            )));
+        }
+        builder = builder.transport(Transport::Tcp(TcpTransport::new(args.peers.clone(), key)));
+    }
+    builder.join()
+}
+
+fn writer_qos(args: &PerfArgs) -> WriterQos {
+    let qos = WriterQos::default()
+        .keep_all()
+        .max_sample_bytes((args.size + SAMPLE_OVERHEAD_BYTES_MAX) as u32);
+    if args.best_effort {
+        qos.best_effort()
+    } else {
+        qos.reliable(Duration::from_secs(10))
+    }
+}
+
+fn reader_qos(args: &PerfArgs) -> ReaderQos {
+    let qos = ReaderQos::default().keep_all();
+    if args.best_effort {
+        qos.best_effort()
+    } else {
+        qos.reliable(Duration::from_secs(10))
+    }
+}
+
+fn napa(args: &PerfArgs) -> Option<NapaConfig> {
+    (args.napa == OnOff::On).then(NapaConfig::default)
+}
+
+fn histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(100, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
+fn filler(size: usize) -> PerfSample {
+    PerfSample {
+        seq: 0,
+        payload: vec![0x5a; size.saturating_sub(10)],
+    }
+}
+
+/// How long a role waits for its peer to show up.
+const MATCH_WAIT: Duration = Duration::from_secs(30);
+
+fn run_role(role: Role, args: &PerfArgs) -> Result<Part, DdsError> {
+    let rank = args.rank.unwrap_or(match role {
+        Role::Pub | Role::Ping => 0,
+        _ => 1,
+    });
+    let p = participant(args, rank)?;
+    let run_for = Duration::from_secs_f64(args.seconds);
+    let mut part = Part::default();
+    match role {
+        Role::Pub => {
+            let topic = p.create_topic::<PerfSample>("perf/data")?;
+            let writer = p.create_writer_with_napa(&topic, writer_qos(args), napa(args))?;
+            writer.wait_for_readers(1, MATCH_WAIT)?;
+            let mut sample = filler(args.size);
+            let started = Instant::now();
+            let mut next_trace = Duration::ZERO;
+            let period = (args.rate > 0).then(|| Duration::from_secs_f64(1.0 / args.rate as f64));
+            while started.elapsed() < run_for {
+                if let Some(period) = period {
+                    let due = period * (sample.seq as u32);
+                    if let Some(wait) = due.checked_sub(started.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+                sample.seq += 1;
+                writer.write(&sample)?;
+                if started.elapsed() >= next_trace {
+                    next_trace += Duration::from_millis(10);
+                    let (gap_ns, high_threshold, rtt_ns) = writer
+                        .status()
+                        .napa
+                        .map_or((0, 0, 0), |n: NapaTrace| (n.gap_ns, n.high_threshold, n.rtt_ns));
+                    part.trace.push(TracePoint {
+                        t_s: started.elapsed().as_secs_f64(),
+                        occupancy: writer.window_occupancy(),
+                        gap_ns,
+                        high_threshold,
+                        rtt_ns,
+                    });
+                }
+            }
+            writer.wait_for_acknowledgments(Duration::from_secs(30))?;
+            let status = writer.status();
+            part.written = status.samples_written;
+            part.writes_blocked = status.writes_blocked;
+            // Let the subscriber see every sample before the writer goes.
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Role::Sub => {
+            let topic = p.create_topic::<PerfSample>("perf/data")?;
+            let reader = p.create_reader(&topic, reader_qos(args))?;
+            reader.wait_for_writers(1, MATCH_WAIT)?;
+            let mut h = histogram();
+            let (mut first, mut last) = (None, Instant::now());
+            let deadline = Instant::now() + run_for + Duration::from_secs(40);
+            // Until the writer leaves (its participant closes) or the
+            // deadline: the writer's last samples are acknowledged first.
+            while Instant::now() < deadline {
+                let taken = reader.take_raw(256, |info, bytes| {
+                    if info.valid_data {
+                        let _ = h.record(
+                            info.reception_timestamp_ns
+                                .saturating_sub(info.source_timestamp_ns)
+                                .max(1),
+                        );
+                        part.received += 1;
+                        part.received_bytes += bytes.len() as u64;
+                    }
+                });
+                if taken > 0 {
+                    let now = Instant::now();
+                    first.get_or_insert(now);
+                    last = now;
+                } else if reader.status().matched_writers == 0 && part.received > 0 {
+                    break;
+                } else {
+                    reader.wait_for_data(Duration::from_millis(10));
+                }
+            }
+            part.received_span_s = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
+            part.latency_ns = Percentiles::from_histogram(&h);
+        }
+        Role::Ping => {
+            let ping = p.create_topic::<PerfSample>("perf/ping")?;
+            let pong = p.create_topic::<PerfSample>("perf/pong")?;
+            let writer = p.create_writer_with_napa(&ping, writer_qos(args), napa(args))?;
+            let reader = p.create_reader(&pong, reader_qos(args))?;
+            writer.wait_for_readers(1, MATCH_WAIT)?;
+            reader.wait_for_writers(1, MATCH_WAIT)?;
+            let mut h = histogram();
+            let mut sample = filler(args.size);
+            let started = Instant::now();
+            let period = (args.rate > 0).then(|| Duration::from_secs_f64(1.0 / args.rate as f64));
+            while started.elapsed() < run_for {
+                sample.seq += 1;
+                let sent = Instant::now();
+                writer.write(&sample)?;
+                let mut echoed = false;
+                let wait_until = Instant::now() + Duration::from_secs(5);
+                while !echoed {
+                    reader.take_raw(16, |info, _| echoed |= info.valid_data);
+                    if !echoed {
+                        if Instant::now() > wait_until {
+                            return Err(DdsError::Timeout {
+                                waiting_for: format!("the echo of ping {}", sample.seq),
+                                waited_ms: 5000,
+                            });
+                        }
+                        reader.wait_for_data(Duration::from_millis(1));
+                    }
+                }
+                let _ = h.record((sent.elapsed().as_nanos() as u64).max(1));
+                part.received += 1;
+                if let Some(period) = period {
+                    if let Some(wait) = period.checked_sub(sent.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+            }
+            part.written = writer.status().samples_written;
+            part.latency_ns = Percentiles::from_histogram(&h);
+        }
+        Role::Pong => {
+            let ping = p.create_topic::<PerfSample>("perf/ping")?;
+            let pong = p.create_topic::<PerfSample>("perf/pong")?;
+            let reader = p.create_reader(&ping, reader_qos(args))?;
+            let writer = p.create_writer_with_napa(&pong, writer_qos(args), napa(args))?;
+            reader.wait_for_writers(1, MATCH_WAIT)?;
+            let deadline = Instant::now() + run_for + Duration::from_secs(40);
+            let mut echo = filler(args.size);
+            while Instant::now() < deadline {
+                let mut got = None;
+                reader.take_raw(16, |info, bytes| {
+                    if info.valid_data {
+                        got = Some(bytes.len());
+                    }
+                });
+                match got {
+                    Some(_) => {
+                        echo.seq += 1;
+                        writer.write(&echo)?;
+                        part.received += 1;
+                    }
+                    None if reader.status().matched_writers == 0 && part.received > 0 => break,
+                    None => {
+                        reader.wait_for_data(Duration::from_millis(1));
+                    }
+                }
+            }
+            part.written = writer.status().samples_written;
+        }
+        Role::Pair => unreachable!("pair runs two roles"),
+    }
+    p.close()?;
+    Ok(part)
+}
+
+/// Read a perf result written by `--json`.
+pub fn read_result(path: &Path) -> Result<PerfResult, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
