@@ -70,8 +70,11 @@ pub fn pace_until(deadline_ns: u64, spin_ns: u64) -> u64 {
         std::thread::sleep(std::time::Duration::from_nanos(deadline_ns - now - spin_ns));
         now = monotonic_ns();
     }
+    // The short rest: yield rather than spin, so that on a machine with
+    // fewer cores than busy threads the progress loops run meanwhile (a
+    // pure spin would hold the core until preempted).
     while now < deadline_ns {
-        std::hint::spin_loop();
+        std::thread::yield_now();
         now = monotonic_ns();
     }
     now

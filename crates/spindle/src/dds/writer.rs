@@ -17,8 +17,9 @@ use super::participant::ParticipantShared;
 use super::DdsError;
 use crate::Sender;
 
-/// A gap shorter than this is spun, a longer one slept (all but this).
-const PACE_SPIN_NS: u64 = 10_000;
+/// The last part of a wait shorter than this is spent yielding (precise,
+/// and the progress threads run meanwhile); the rest is slept.
+const PACE_SPIN_NS: u64 = 200_000;
 
 /// What a writer knows about its matches and its sends.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +45,8 @@ struct WriteState {
     napa: Option<Napa>,
     seq: u64,
     last_send_ns: u64,
+    /// When NAPA's pacing clock has the next sample due.
+    next_due_ns: u64,
     /// The position after the last sample written (acknowledged when the
     /// ring's acknowledged positions reach it).
     end_position: u64,
@@ -69,6 +72,8 @@ pub(crate) struct WriterShared {
     samples_written: AtomicU64,
     samples_dropped: AtomicU64,
     writes_blocked: AtomicU64,
+    /// K: readers acknowledge at least every K samples.
+    ack_every: u32,
 }
 
 impl WriterShared {
@@ -102,6 +107,7 @@ impl WriterShared {
                 napa,
                 seq: 0,
                 last_send_ns: 0,
+                next_due_ns: 0,
                 end_position: 0,
             }),
             matches: Mutex::new(Matches::default()),
@@ -109,6 +115,7 @@ impl WriterShared {
             samples_written: AtomicU64::new(0),
             samples_dropped: AtomicU64::new(0),
             writes_blocked: AtomicU64::new(0),
+            ack_every: ack_every.max(1),
         })
     }
 
@@ -160,10 +167,20 @@ impl WriterShared {
             let now = monotonic_ns();
             napa.on_acked(self.sender.acknowledged_slots(), now);
             napa.step(now, self.sender.window_occupancy().min(u32::MAX as u64) as u32);
-            let next = napa.next_send_ns(st.last_send_ns);
-            if next > now {
-                pace_until(next, PACE_SPIN_NS);
+            // Pace against a virtual clock: each sample is due one gap
+            // after the previous one was due (not after it was actually
+            // sent), so a wake-up that comes late (a busy core) does not
+            // lower the rate: the next samples catch up, with at most
+            // K samples of credit: readers acknowledge every K, so the
+            // pipeline moves in batches of K anyway, and a batch keeps the
+            // group layer's sender and receiver batching at work.
+            let gap_ns = napa.gap_ns();
+            let earliest_ns = now.saturating_sub(gap_ns.saturating_mul(self.ack_every as u64));
+            let due_ns = st.next_due_ns.max(earliest_ns);
+            if due_ns > now {
+                pace_until(due_ns, PACE_SPIN_NS);
             }
+            st.next_due_ns = due_ns.saturating_add(gap_ns);
         }
         let reserve_bytes = SAMPLE_HEADER_BYTES + self.qos.max_sample_bytes as usize;
         let mut waited_since: Option<Instant> = None;
