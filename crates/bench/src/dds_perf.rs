@@ -134,6 +134,11 @@ pub struct PerfArgs {
     /// Plot latency and NAPA's occupancy and gap over time (SVG) here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// With `pair`: run role 0 and role 1 in these two network namespaces
+    /// (`ip netns exec`; needs `--transport tcp` and `--peers` with each
+    /// namespace's address).
+    #[arg(long, value_delimiter = ',')]
+    pub netns: Vec<String>,
     /// (internal) where a role writes its part of the result.
     #[arg(long, hide = true)]
     pub part_file: Option<PathBuf>,
@@ -279,15 +284,25 @@ fn pair(args: &PerfArgs) -> Result<(), String> {
     if args.best_effort {
         common.push("--best-effort".into());
     }
+    if !args.netns.is_empty()
+        && (args.netns.len() != 2 || args.transport != PerfTransport::Tcp || args.peers.len() != 2)
+    {
+        return Err("--netns takes two namespaces and needs --transport tcp and --peers (one address in each)".into());
+    }
     if args.transport == PerfTransport::Tcp {
-        let base = crate::cluster::free_ports(2)?;
+        let peers = if args.peers.is_empty() {
+            let base = crate::cluster::free_ports(2)?;
+            format!("127.0.0.1:{},127.0.0.1:{}", base, base + 1)
+        } else {
+            args.peers.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")
+        };
         let key = dir.join("domain.key");
         std::fs::write(&key, b"spindle-dds-perf-key-0123456789").map_err(|e| format!("key file: {e}"))?;
         common.extend([
             "--transport".into(),
             "tcp".into(),
             "--peers".into(),
-            format!("127.0.0.1:{},127.0.0.1:{}", base, base + 1),
+            peers,
             "--key-file".into(),
             key.display().to_string(),
         ]);
@@ -296,7 +311,15 @@ fn pair(args: &PerfArgs) -> Result<(), String> {
     for (rank, role) in [(0usize, first), (1, second)] {
         let part = dir.join(format!("part{rank}.json"));
         let role_name = format!("{role:?}").to_lowercase();
-        let child = Command::new(&exe)
+        let mut command = match args.netns.get(rank) {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        let child = command
             .args(["dds", "perf", &role_name, "--rank", &rank.to_string(), "--part-file"])
             .arg(&part)
             .args(&common)
@@ -327,7 +350,11 @@ fn pair(args: &PerfArgs) -> Result<(), String> {
         size: args.size,
         reliable: !args.best_effort,
         napa: args.napa == OnOff::On && !args.best_effort,
-        transport: format!("{:?}", args.transport).to_lowercase(),
+        transport: if args.netns.is_empty() {
+            format!("{:?}", args.transport).to_lowercase()
+        } else {
+            "tcp-netns".into()
+        },
         test: if args.latency { "ping-pong" } else { "pub-sub" }.into(),
         rate: args.rate,
         ack_every: args.ack_every,
