@@ -158,7 +158,7 @@ impl WriterShared {
         &self,
         kind: SampleKind,
         instance: InstanceHandle,
-        source_timestamp_ns: u64,
+        source_timestamp_ns: Option<u64>,
         encode: impl FnOnce(&mut [u8]) -> Result<usize, DdsError>,
     ) -> Result<(), DdsError> {
         let mut guard = self.state.lock().expect("writer lock");
@@ -234,7 +234,10 @@ impl WriterShared {
         let meta = SampleMeta {
             writer: self.id,
             seq: st.seq,
-            source_timestamp_ns,
+            // Stamped when the sample enters the window (after NAPA's
+            // pacing, if the caller gave no time): one-way latency is
+            // send → deliver, as in the seed's measurements.
+            source_timestamp_ns: source_timestamp_ns.unwrap_or_else(realtime_ns),
             instance,
             kind,
             strength: self.qos.ownership_strength,
@@ -278,19 +281,20 @@ impl<T: TopicType> DataWriter<T> {
         self.shared.id
     }
 
-    /// Publish a new value of its instance. Never blocks unless the send
-    /// window is full (reliable: waits up to `max_blocking_time`, then
+    /// Publish a new value of its instance, stamped with the time it
+    /// enters the send window. Never blocks unless the send window is full (reliable: waits up to `max_blocking_time`, then
     /// [`DdsError::Timeout`]; best-effort: the sample is dropped and
     /// counted) or NAPA paces it.
     pub fn write(&self, value: &T) -> Result<(), DdsError> {
-        self.write_at(value, realtime_ns())
+        self.shared
+            .write_sample(SampleKind::Data, value.instance(), None, |out| Ok(value.encode(out)?))
     }
 
     /// [`DataWriter::write`] with the source timestamp given (ns since the
     /// Unix epoch).
     pub fn write_at(&self, value: &T, source_timestamp_ns: u64) -> Result<(), DdsError> {
         self.shared
-            .write_sample(SampleKind::Data, value.instance(), source_timestamp_ns, |out| {
+            .write_sample(SampleKind::Data, value.instance(), Some(source_timestamp_ns), |out| {
                 Ok(value.encode(out)?)
             })
     }
@@ -299,7 +303,7 @@ impl<T: TopicType> DataWriter<T> {
     /// `NotAliveDisposed`).
     pub fn dispose(&self, key_holder: &T) -> Result<(), DdsError> {
         self.shared
-            .write_sample(SampleKind::Dispose, key_holder.instance(), realtime_ns(), |out| {
+            .write_sample(SampleKind::Dispose, key_holder.instance(), None, |out| {
                 Ok(key_holder.encode(out)?)
             })
     }
@@ -308,7 +312,7 @@ impl<T: TopicType> DataWriter<T> {
     /// writer does, readers see `NotAliveNoWriters`).
     pub fn unregister(&self, key_holder: &T) -> Result<(), DdsError> {
         self.shared
-            .write_sample(SampleKind::Unregister, key_holder.instance(), realtime_ns(), |out| {
+            .write_sample(SampleKind::Unregister, key_holder.instance(), None, |out| {
                 Ok(key_holder.encode(out)?)
             })
     }
