@@ -94,8 +94,8 @@ pub struct PerfArgs {
     /// Reliable delivery (the default); `--best-effort` for best effort.
     #[arg(long, default_value_t = false)]
     pub best_effort: bool,
-    /// NAPA pacing of the reliable writer.
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    /// NAPA pacing of the reliable writer (off: the library's default).
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
     pub napa: OnOff,
     /// How long the writer writes.
     #[arg(long, default_value_t = 5.0)]

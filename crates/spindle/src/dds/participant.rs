@@ -349,14 +349,18 @@ impl DomainParticipant {
     }
 
     /// A writer of `topic` with `qos` (in the default publisher: the
-    /// partitions `qos` names). A reliable writer is paced by NAPA with
-    /// its default settings; see [`DomainParticipant::create_writer_with_napa`].
+    /// partitions `qos` names), sending as fast as its window allows. For
+    /// NAPA's pacing, see [`DomainParticipant::create_writer_with_napa`].
     pub fn create_writer<T: TopicType>(&self, topic: &Topic<T>, qos: WriterQos) -> Result<DataWriter<T>, DdsError> {
-        self.create_writer_with_napa(topic, qos, Some(NapaConfig::default()))
+        self.create_writer_with_napa(topic, qos, None)
     }
 
-    /// A writer with NAPA's settings given, or NAPA off (`None`: a reliable
-    /// writer then sends as fast as its window allows).
+    /// A writer paced by NAPA with these settings (`Some(NapaConfig::default())`
+    /// for the defaults; it applies to reliable writers only), or `None`:
+    /// as fast as the window allows. NAPA is off by default: on this
+    /// project's 2-core machines it lowered the one-way latency of 100 KB
+    /// samples over tcp 1.7–2.5× but at 0.5–0.75× the throughput, and it
+    /// costs small samples throughput (docs/dds.md, bench/RESULTS-dds.md).
     pub fn create_writer_with_napa<T: TopicType>(
         &self,
         topic: &Topic<T>,

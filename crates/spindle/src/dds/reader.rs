@@ -43,6 +43,9 @@ struct CacheState {
     cache: ReaderCache,
     /// Samples accepted so far (what `wait_for_data` watches).
     accepted: u64,
+    /// Threads in `wait_for_data` (a delivery wakes the condition
+    /// variable only when one waits: a wake is a system call).
+    waiters: u32,
 }
 
 #[derive(Default)]
@@ -71,6 +74,7 @@ impl ReaderShared {
             state: Mutex::new(CacheState {
                 cache: ReaderCache::new(&qos),
                 accepted: 0,
+                waiters: 0,
             }),
             qos,
             data_available: Condvar::new(),
@@ -91,17 +95,19 @@ impl ReaderShared {
 
     /// Insert a delivered sample (progress thread).
     pub(crate) fn insert(&self, meta: &SampleMeta, value: &[u8], now_ns: u64) {
-        let accepted = {
+        let (accepted, waited) = {
             let mut st = self.state.lock().expect("reader lock");
             let outcome = st.cache.insert(meta, value, now_ns);
             let accepted = matches!(outcome, Insert::Accepted | Insert::AcceptedReplacedOldest);
             if accepted {
                 st.accepted += 1;
             }
-            accepted
+            (accepted, st.waiters > 0)
         };
         if accepted {
-            self.data_available.notify_all();
+            if waited {
+                self.data_available.notify_all();
+            }
             if let Some(listener) = self.listener.lock().expect("listener lock").as_mut() {
                 listener();
             }
@@ -273,13 +279,15 @@ impl<T: TopicType> DataReader<T> {
         let deadline = Instant::now() + timeout;
         let seen = *self.seen.lock().expect("seen lock");
         let mut st = self.shared.state.lock().expect("reader lock");
+        let mut arrived = true;
+        // Registered under the lock that `insert` reads it under: an
+        // insert either sees this waiter or happened before the check.
+        st.waiters += 1;
         while st.accepted == seen {
-            if self.participant.check_running().is_err() {
-                return false;
-            }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
+            if self.participant.check_running().is_err() || left.is_zero() {
+                arrived = false;
+                break;
             }
             st = self
                 .shared
@@ -288,7 +296,8 @@ impl<T: TopicType> DataReader<T> {
                 .expect("reader lock")
                 .0;
         }
-        true
+        st.waiters -= 1;
+        arrived
     }
 
     /// Wait until at least `n` writers match.

@@ -17,6 +17,8 @@ use super::participant::ParticipantShared;
 use super::DdsError;
 use crate::Sender;
 
+/// NAPA gaps shorter than this are not enforced.
+const PACE_GAP_MIN_NS: u64 = 10_000;
 /// The last part of a wait shorter than this is spent yielding (precise,
 /// and the progress threads run meanwhile); the rest is slept.
 const PACE_SPIN_NS: u64 = 200_000;
@@ -174,7 +176,13 @@ impl WriterShared {
             // K samples of credit: readers acknowledge every K, so the
             // pipeline moves in batches of K anyway, and a batch keeps the
             // group layer's sender and receiver batching at work.
-            let gap_ns = napa.gap_ns();
+            let gap_ns = match napa.gap_ns() {
+                // A gap shorter than a wake-up cannot be spent precisely
+                // on a shared core: not paced (small samples go at the
+                // window's pace, where batching is what helps).
+                gap if gap < PACE_GAP_MIN_NS => 0,
+                gap => gap,
+            };
             let earliest_ns = now.saturating_sub(gap_ns.saturating_mul(self.ack_every as u64));
             let due_ns = st.next_due_ns.max(earliest_ns);
             if due_ns > now {
