@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 use spindle::dds::{DdsError, DomainParticipant, Keyed, NapaConfig, NapaTrace, ReaderQos, WriterQos};
-use spindle::{TcpTransport, Transport};
+use spindle::{IdleStrategy, TcpTransport, Transport};
 
 use crate::report::{Machine, Percentiles};
 
@@ -134,6 +134,10 @@ pub struct PerfArgs {
     /// Plot latency and NAPA's occupancy and gap over time (SVG) here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// The participants' progress threads when idle: backoff (spin, yield,
+    /// park; the default) or spin.
+    #[arg(long, default_value = "backoff")]
+    pub idle: String,
     /// With `pair`: run role 0 and role 1 in these two network namespaces
     /// (`ip netns exec`; needs `--transport tcp` and `--peers` with each
     /// namespace's address).
@@ -280,6 +284,8 @@ fn pair(args: &PerfArgs) -> Result<(), String> {
         args.window.to_string(),
         "--domain".into(),
         args.domain.to_string(),
+        "--idle".into(),
+        args.idle.clone(),
     ];
     if args.best_effort {
         common.push("--best-effort".into());
@@ -419,7 +425,8 @@ fn participant(args: &PerfArgs, rank: usize) -> Result<DomainParticipant, DdsErr
         .window_slots(args.window)
         .ack_every(args.ack_every)
         .max_sample_bytes(args.size + SAMPLE_OVERHEAD_BYTES_MAX)
-        .join_timeout(Duration::from_secs(30));
+        .join_timeout(Duration::from_secs(30))
+        .idle(IdleStrategy::parse(&args.idle).map_err(|e| DdsError::Config(format!("--idle: {e}")))?);
     if args.transport == PerfTransport::Tcp {
         let key_file = args
             .key_file
