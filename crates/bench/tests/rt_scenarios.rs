@@ -92,9 +92,22 @@ fn run_pipeline(spec: &ScenarioSpec) -> Vec<MemberReport> {
     assert_eq!(sender.epoch_start_ns, receiver.epoch_start_ns, "one agreed epoch_start");
     let delivered = receiver.extracted_ns.iter().filter(|t| **t > 0).count() as u64;
     // Every message either arrived, or the application counted it missing,
-    // or the application's job was itself dropped and reported.
-    assert_eq!(
-        delivered + receiver.app_missed + receiver.user_jobs_missed,
+    // or the application's job was itself reported missed. A job the
+    // watchdog reported as not started may still run late (a stalled
+    // dispatcher resumes) and take its message: then it counts in both,
+    // so the sum may exceed the periods, but nothing is unaccounted and
+    // the application never counts one period twice.
+    assert!(
+        delivered + receiver.app_missed <= spec.periods,
+        "no period counted twice: {delivered} delivered + {} missed > {} periods",
+        receiver.app_missed,
+        spec.periods
+    );
+    assert!(
+        delivered + receiver.app_missed + receiver.user_jobs_missed >= spec.periods,
+        "every message accounted for: {delivered} delivered + {} missed + {} jobs missed < {} periods",
+        receiver.app_missed,
+        receiver.user_jobs_missed,
         spec.periods
     );
     // Every released job either completed or was reported as missed.
