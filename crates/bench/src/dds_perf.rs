@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
-use spindle::dds::{DdsError, DomainParticipant, Keyed, NapaConfig, NapaTrace, ReaderQos, WriterQos};
+use spindle::dds::{DdsError, DomainParticipant, Keyed, NapaConfig, NapaTrace, ReaderQos, ResourceLimits, WriterQos};
 use spindle::{IdleStrategy, TcpTransport, Transport};
 
 use crate::report::{Machine, Percentiles};
@@ -107,8 +107,9 @@ pub struct PerfArgs {
     /// Readers acknowledge at least every K samples.
     #[arg(long, default_value_t = 10)]
     pub ack_every: u32,
-    /// Send-window slots (a power of two).
-    #[arg(long, default_value_t = 64)]
+    /// Send-window slots (a power of two; 0: the participant's default,
+    /// as many as fit in 8 MiB, 16..=1024).
+    #[arg(long, default_value_t = 0)]
     pub window: usize,
     /// With `pair`: ping/pong (round-trip latency) instead of pub/sub.
     #[arg(long, default_value_t = false)]
@@ -455,8 +456,14 @@ fn writer_qos(args: &PerfArgs) -> WriterQos {
     }
 }
 
-fn reader_qos(args: &PerfArgs) -> ReaderQos {
-    let qos = ReaderQos::default().keep_all();
+fn reader_qos(args: &PerfArgs, window_slots: usize) -> ReaderQos {
+    // Room for the back-pressure rule: 2 × window × participants.
+    let samples = (4 * window_slots as u32).max(4096);
+    let qos = ReaderQos::default().keep_all().resource_limits(ResourceLimits {
+        max_samples: samples,
+        max_instances: 16,
+        max_samples_per_instance: samples,
+    });
     if args.best_effort {
         qos.best_effort()
     } else {
@@ -532,7 +539,7 @@ fn run_role(role: Role, args: &PerfArgs) -> Result<Part, DdsError> {
         }
         Role::Sub => {
             let topic = p.create_topic::<PerfSample>("perf/data")?;
-            let reader = p.create_reader(&topic, reader_qos(args))?;
+            let reader = p.create_reader(&topic, reader_qos(args, p.window_slots()))?;
             reader.wait_for_writers(1, MATCH_WAIT)?;
             let mut h = histogram();
             let (mut first, mut last) = (None, Instant::now());
@@ -571,7 +578,7 @@ fn run_role(role: Role, args: &PerfArgs) -> Result<Part, DdsError> {
             let ping = p.create_topic::<PerfSample>("perf/ping")?;
             let pong = p.create_topic::<PerfSample>("perf/pong")?;
             let writer = p.create_writer_with_napa(&ping, writer_qos(args), napa(args))?;
-            let reader = p.create_reader(&pong, reader_qos(args))?;
+            let reader = p.create_reader(&pong, reader_qos(args, p.window_slots()))?;
             writer.wait_for_readers(1, MATCH_WAIT)?;
             reader.wait_for_writers(1, MATCH_WAIT)?;
             let mut h = histogram();
@@ -610,7 +617,7 @@ fn run_role(role: Role, args: &PerfArgs) -> Result<Part, DdsError> {
         Role::Pong => {
             let ping = p.create_topic::<PerfSample>("perf/ping")?;
             let pong = p.create_topic::<PerfSample>("perf/pong")?;
-            let reader = p.create_reader(&ping, reader_qos(args))?;
+            let reader = p.create_reader(&ping, reader_qos(args, p.window_slots()))?;
             let writer = p.create_writer_with_napa(&pong, writer_qos(args), napa(args))?;
             reader.wait_for_writers(1, MATCH_WAIT)?;
             let deadline = Instant::now() + run_for + Duration::from_secs(40);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use spindle_dds::discovery::{Discovery, Event, Unmatch};
 use spindle_dds::history::WriterHistory;
 use spindle_dds::napa::NapaConfig;
-use spindle_dds::qos::{Durability, Partition, ReaderQos, WriterQos};
+use spindle_dds::qos::{Durability, History, Partition, ReaderQos, Reliability, WriterQos};
 use spindle_dds::types::{endpoint_id, ReaderId, SampleMeta, TopicType, WriterId};
 use spindle_dds::wire::{self, Announce, SampleHeader, MSG_READER, MSG_RETIRE, MSG_SAMPLE, MSG_WRITER};
 use spindle_group::{Delivery, GroupConfig, SenderSet, Upcalls, View};
@@ -32,6 +32,7 @@ pub struct ParticipantBuilder {
     transport: Transport,
     initial_members: Option<Vec<usize>>,
     max_sample_bytes: usize,
+    /// 0: derived from the slot size ([`WINDOW_BYTES_DEFAULT`]).
     window_slots: usize,
     ack_every: u32,
     suspect_timeout: Duration,
@@ -42,8 +43,14 @@ pub struct ParticipantBuilder {
 
 /// The largest sample a participant's slots carry by default.
 pub const MAX_SAMPLE_BYTES_DEFAULT: usize = 64 << 10;
-/// Send-window slots per participant by default.
-pub const WINDOW_SLOTS_DEFAULT: usize = 64;
+/// The send window's size in bytes by default: the window holds as many
+/// slots (a power of two, [`WINDOW_SLOTS_MIN`]..=[`WINDOW_SLOTS_MAX`]) as
+/// fit (64 slots of 64 KiB samples, 1024 slots of small ones).
+pub const WINDOW_BYTES_DEFAULT: usize = 8 << 20;
+/// The fewest slots a derived window has.
+pub const WINDOW_SLOTS_MIN: usize = 16;
+/// The most slots a derived window has.
+pub const WINDOW_SLOTS_MAX: usize = 1024;
 /// Readers acknowledge at least every this many samples by default (K).
 pub const ACK_EVERY_DEFAULT: u32 = 10;
 
@@ -80,7 +87,8 @@ impl ParticipantBuilder {
         self
     }
 
-    /// Slots of the send window (a power of two; default 64).
+    /// Slots of the send window (a power of two; by default as many as
+    /// fit in [`WINDOW_BYTES_DEFAULT`], between 16 and 1024).
     pub fn window_slots(mut self, slots: usize) -> Self {
         self.window_slots = slots;
         self
@@ -122,8 +130,19 @@ impl ParticipantBuilder {
     pub fn group_config(&self) -> GroupConfig {
         let mut config = GroupConfig::new(&format!("dds-{}", self.domain_id), self.participants);
         config.senders = SenderSet::All;
-        config.window_slots = self.window_slots;
         config.slot_payload_max = (wire::SAMPLE_HEADER_BYTES + self.max_sample_bytes).max(wire::ANNOUNCE_BYTES_MAX);
+        config.window_slots = match self.window_slots {
+            0 => {
+                let fit = WINDOW_BYTES_DEFAULT / spindle_group::layout::slot_stride(config.slot_payload_max);
+                let pow2 = if fit.is_power_of_two() {
+                    fit
+                } else {
+                    fit.next_power_of_two() / 2
+                };
+                pow2.clamp(WINDOW_SLOTS_MIN, WINDOW_SLOTS_MAX)
+            }
+            slots => slots,
+        };
         config.ack_every_slots = self.ack_every;
         config.track_acks = true;
         config.suspect_timeout = self.suspect_timeout;
@@ -155,6 +174,8 @@ impl ParticipantBuilder {
             max_sample_bytes: self.max_sample_bytes,
             suspect_timeout: self.suspect_timeout,
             ack_every: self.ack_every,
+            window_slots: config.window_slots,
+            participants: self.participants,
             next_local_id: AtomicU64::new(1),
             registry: Mutex::new(Registry::default()),
             stopped: AtomicBool::new(false),
@@ -192,6 +213,8 @@ pub(crate) struct ParticipantShared {
     pub(crate) max_sample_bytes: usize,
     pub(crate) suspect_timeout: Duration,
     pub(crate) ack_every: u32,
+    pub(crate) window_slots: usize,
+    pub(crate) participants: usize,
     next_local_id: AtomicU64,
     /// Local endpoints by id (the progress thread looks them up when their
     /// announcements are delivered).
@@ -288,7 +311,7 @@ impl DomainParticipant {
             transport: Transport::Shm,
             initial_members: None,
             max_sample_bytes: MAX_SAMPLE_BYTES_DEFAULT,
-            window_slots: WINDOW_SLOTS_DEFAULT,
+            window_slots: 0,
             ack_every: ACK_EVERY_DEFAULT,
             suspect_timeout: Duration::from_millis(spindle_group::config::defaults::SUSPECT_TIMEOUT_MS),
             join_timeout: Duration::from_millis(spindle_group::config::defaults::JOIN_TIMEOUT_MS),
@@ -305,6 +328,11 @@ impl DomainParticipant {
     /// This participant's rank.
     pub fn rank(&self) -> usize {
         self.shared.rank
+    }
+
+    /// Slots of this participant's send window.
+    pub fn window_slots(&self) -> usize {
+        self.shared.window_slots
     }
 
     /// The participants currently in the domain (the group's view).
@@ -424,6 +452,18 @@ impl DomainParticipant {
     pub fn create_reader<T: TopicType>(&self, topic: &Topic<T>, qos: ReaderQos) -> Result<DataReader<T>, DdsError> {
         self.shared.check_running()?;
         qos.validate()?;
+        let reliable_keep_all =
+            matches!(qos.reliability, Reliability::Reliable { .. }) && qos.history == History::KeepAll;
+        // Back-pressure pauses receiving while a pass could deliver more
+        // than the history has room for: one window from every participant.
+        let pass_samples_max = self.shared.window_slots * self.shared.participants;
+        if reliable_keep_all && (qos.resource_limits.max_samples as usize) < 2 * pass_samples_max {
+            return Err(DdsError::Config(format!(
+                "a reliable keep-all reader needs resource_limits.max_samples ≥ 2 × window_slots × participants = {} (it has {}): its participant stops receiving while one pass could overflow the history; raise max_samples or lower window_slots",
+                2 * pass_samples_max,
+                qos.resource_limits.max_samples
+            )));
+        }
         let id = ReaderId(self.shared.new_endpoint_id());
         let shared = Arc::new(ReaderShared::new(id, qos.clone()));
         self.shared
