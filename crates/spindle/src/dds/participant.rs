@@ -88,7 +88,7 @@ impl ParticipantBuilder {
     }
 
     /// Slots of the send window (a power of two; by default as many as
-    /// fit in [`WINDOW_BYTES_DEFAULT`], between 16 and 1024).
+    /// fit in 8 MiB, between 16 and 1024).
     pub fn window_slots(mut self, slots: usize) -> Self {
         self.window_slots = slots;
         self
