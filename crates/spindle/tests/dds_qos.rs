@@ -668,3 +668,24 @@ fn tcp_pub_sub_smoke() {
         .iter()
         .all(|s| s.data.as_ref().unwrap().payload == vec![s.data.as_ref().unwrap().n as u8; 1000]));
 }
+
+#[test]
+fn a_reliable_keep_all_reader_smaller_than_one_delivery_pass_is_refused() {
+    // 2 participants x 16 slots: a history under 32 samples would pause
+    // its participant's receiving for good (nothing, not even discovery,
+    // would arrive); it is refused instead.
+    let d = join_all(domain_id(19), 2, |b| b.window_slots(16).ack_every(4));
+    let limits = ResourceLimits {
+        max_samples: 20,
+        max_instances: 4,
+        max_samples_per_instance: 20,
+    };
+    let topic = d[1].create_topic::<Reading>("small").unwrap();
+    match d[1].create_reader(&topic, reliable_reader().resource_limits(limits)) {
+        Err(DdsError::Config(why)) => assert!(why.contains("max_samples >= participants x window_slots = 32"), "{why}"),
+        other => panic!("a 20-sample reliable keep-all history: {:?}", other.err()),
+    }
+    // Best effort (no back-pressure) or keep-last is fine.
+    d[1].create_reader(&topic, ReaderQos::default().keep_all().resource_limits(limits))
+        .unwrap();
+}

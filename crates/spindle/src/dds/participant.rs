@@ -151,6 +151,7 @@ impl ParticipantBuilder {
         let config = self.group_config();
         let shared = Arc::new(ParticipantShared {
             domain_id: self.domain_id,
+            participants: self.participants,
             rank: self.rank,
             max_sample_bytes: self.max_sample_bytes,
             suspect_timeout: self.suspect_timeout,
@@ -188,6 +189,8 @@ impl ParticipantBuilder {
 /// What every handle of a participant shares with its progress thread.
 pub(crate) struct ParticipantShared {
     pub(crate) domain_id: u32,
+    /// The domain's ranks (every one may send).
+    participants: usize,
     pub(crate) rank: usize,
     pub(crate) max_sample_bytes: usize,
     pub(crate) suspect_timeout: Duration,
@@ -420,6 +423,20 @@ impl DomainParticipant {
     pub fn create_reader<T: TopicType>(&self, topic: &Topic<T>, qos: ReaderQos) -> Result<DataReader<T>, DdsError> {
         self.shared.check_running()?;
         qos.validate()?;
+        if matches!(qos.reliability, spindle_dds::qos::Reliability::Reliable { .. })
+            && qos.history == spindle_dds::qos::History::KeepAll
+        {
+            // Back-pressure pauses receiving while the history has less
+            // room than one pass can deliver (every sender's window): a
+            // smaller history would pause this participant for good.
+            let pass_samples = self.shared.participants * self.shared.sender()?.window_slots() as usize;
+            if (qos.resource_limits.max_samples as usize) < pass_samples {
+                return Err(DdsError::Config(format!(
+                    "a reliable keep-all reader needs max_samples >= participants x window_slots = {pass_samples} (has {}): a smaller history would stop its participant receiving",
+                    qos.resource_limits.max_samples
+                )));
+            }
+        }
         let id = ReaderId(self.shared.new_endpoint_id());
         let shared = Arc::new(ReaderShared::new(id, qos.clone()));
         self.shared
