@@ -13,6 +13,7 @@ use common_dds::*;
 use spindle::dds::{DomainParticipant, InstanceState, ReaderQos, WriterQos};
 
 const CHILD_ENV: &str = "DDS_CHILD_WRITER";
+const CHILD_PARTICIPANTS_ENV: &str = "DDS_CHILD_PARTICIPANTS";
 const PAYLOAD_BYTES: usize = 4000;
 
 /// The child's part (a no-op unless `DDS_CHILD_WRITER` is set): rank 1,
@@ -21,8 +22,9 @@ const PAYLOAD_BYTES: usize = 4000;
 fn child_writer_process() {
     let Ok(domain) = std::env::var(CHILD_ENV) else { return };
     let domain: u32 = domain.parse().expect("a domain id");
+    let participants: usize = std::env::var(CHILD_PARTICIPANTS_ENV).map_or(3, |n| n.parse().expect("a count"));
     let p = DomainParticipant::builder(domain)
-        .participants(3)
+        .participants(participants)
         .rank(1)
         .join()
         .expect("the child joins");
@@ -54,27 +56,48 @@ fn child_writer_process() {
 
 #[test]
 fn a_sigkilled_writer_process_loses_liveliness_and_no_torn_sample_is_delivered() {
-    let domain = domain_id(50);
+    kill_the_writer_process(domain_id(50), 3);
+}
+
+/// The default domain size, 2: after the kill the survivor is no
+/// majority. Found failing: no view change is installed, so the reader
+/// never reports the writer's liveliness lost (see the report of the
+/// dds-tests branch). Run with `--ignored`.
+#[test]
+#[ignore = "a 2-participant domain cannot remove a killed participant (no majority left)"]
+fn a_sigkilled_writer_process_in_a_two_participant_domain_loses_liveliness() {
+    kill_the_writer_process(domain_id(51), 2);
+}
+
+/// The child writes as rank 1 of `participants`; this process holds the
+/// other ranks (rank 0 reads).
+fn kill_the_writer_process(domain: u32, participants: usize) {
     let mut child = Command::new(std::env::current_exe().expect("the test binary"))
         .args(["--exact", "child_writer_process", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, domain.to_string())
+        .env(CHILD_PARTICIPANTS_ENV, participants.to_string())
         .stdout(Stdio::null())
         .spawn()
         .expect("start the writer process");
-    let (p, _p2) = std::thread::scope(|s| {
-        let other = s.spawn(|| {
-            DomainParticipant::builder(domain)
-                .participants(3)
-                .rank(2)
-                .join()
-                .expect("rank 2 joins")
-        });
+    let (p, _others) = std::thread::scope(|s| {
+        let others: Vec<_> = (2..participants)
+            .map(|rank| {
+                s.spawn(move || {
+                    DomainParticipant::builder(domain)
+                        .participants(participants)
+                        .rank(rank)
+                        .join()
+                        .expect("rank 2.. joins")
+                })
+            })
+            .collect();
         let p = DomainParticipant::builder(domain)
-            .participants(3)
+            .participants(participants)
             .rank(0)
             .join()
             .expect("rank 0 joins");
-        (p, other.join().expect("rank 2 thread"))
+        let others: Vec<_> = others.into_iter().map(|h| h.join().expect("rank thread")).collect();
+        (p, others)
     });
     let topic = p.create_topic::<Reading>("killed").unwrap();
     let reader = p
