@@ -457,7 +457,7 @@ fn writer_qos(args: &PerfArgs) -> WriterQos {
 }
 
 fn reader_qos(args: &PerfArgs, window_slots: usize) -> ReaderQos {
-    // Room for the back-pressure rule: 2 × window × participants.
+    // Room for the back-pressure rule (participants × window) and more.
     let samples = (4 * window_slots as u32).max(4096);
     let qos = ReaderQos::default().keep_all().resource_limits(ResourceLimits {
         max_samples: samples,

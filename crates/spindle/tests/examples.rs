@@ -115,3 +115,28 @@ fn rt_ring_moves_every_message_around_the_ring() {
         assert!(out.contains(&format!("node {node}: received 200/200")), "{out}");
     }
 }
+
+#[test]
+fn dds_sensor_monitor_sees_every_reading_and_the_dispose() {
+    let out = run_example("dds_sensor", &[], &[]);
+    assert!(
+        out.contains("readings per sensor [20, 20, 20]; sensor 2 NotAliveDisposed"),
+        "{out}"
+    );
+    assert!(out.contains("OK"), "{out}");
+}
+
+#[test]
+fn dds_late_join_reader_gets_the_last_three_per_sensor() {
+    let out = run_example("dds_late_join", &[], &[]);
+    assert!(out.contains("OK"), "{out}");
+}
+
+#[test]
+fn dds_ownership_fails_over_to_the_backup() {
+    let out = run_example("dds_ownership", &[], &[]);
+    assert!(
+        out.contains(r#"after failover the monitor sees ["backup#4", "backup#5", "backup#6"]"#),
+        "{out}"
+    );
+}

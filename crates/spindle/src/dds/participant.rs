@@ -214,6 +214,7 @@ pub(crate) struct ParticipantShared {
     pub(crate) suspect_timeout: Duration,
     pub(crate) ack_every: u32,
     pub(crate) window_slots: usize,
+    /// The domain's ranks (every one may send).
     pub(crate) participants: usize,
     next_local_id: AtomicU64,
     /// Local endpoints by id (the progress thread looks them up when their
@@ -454,13 +455,13 @@ impl DomainParticipant {
         qos.validate()?;
         let reliable_keep_all =
             matches!(qos.reliability, Reliability::Reliable { .. }) && qos.history == History::KeepAll;
-        // Back-pressure pauses receiving while a pass could deliver more
-        // than the history has room for: one window from every participant.
-        let pass_samples_max = self.shared.window_slots * self.shared.participants;
-        if reliable_keep_all && (qos.resource_limits.max_samples as usize) < 2 * pass_samples_max {
+        // Back-pressure pauses receiving while the history has less room
+        // than one pass can deliver (every sender's window): a smaller
+        // history would stop this participant receiving for good.
+        let pass_samples = self.shared.window_slots * self.shared.participants;
+        if reliable_keep_all && (qos.resource_limits.max_samples as usize) < pass_samples {
             return Err(DdsError::Config(format!(
-                "a reliable keep-all reader needs resource_limits.max_samples ≥ 2 × window_slots × participants = {} (it has {}): its participant stops receiving while one pass could overflow the history; raise max_samples or lower window_slots",
-                2 * pass_samples_max,
+                "a reliable keep-all reader needs max_samples >= participants x window_slots = {pass_samples} (has {}): a smaller history would stop its participant receiving; raise max_samples or lower ParticipantBuilder::window_slots",
                 qos.resource_limits.max_samples
             )));
         }
