@@ -595,7 +595,13 @@ fn progress_loop(mut group: Group<DdsApp>, shared: Arc<ParticipantShared>) {
                 tracing_stop(&shared, format!("leaving the domain: {e}"));
             }
         }
-        Err(e) => tracing_stop(&shared, e.to_string()),
+        Err(e) => {
+            tracing_stop(&shared, e.to_string());
+            // The participant is out of the domain (removed, or left in a
+            // minority: in a 2-participant domain the survivor of a crash
+            // is one): every writer it heard from is lost to its readers.
+            group.app_mut().all_writers_lost(realtime_ns());
+        }
     }
     shared.stopped.store(true, Ordering::Release);
     let registry = shared.registry.lock().expect("registry lock");
@@ -648,6 +654,15 @@ impl DdsApp {
     /// one more pass of deliveries: pause receiving (back-pressure).
     fn must_pause(&self) -> bool {
         self.keep_all.iter().any(|r| r.free_samples() < self.pass_samples_max)
+    }
+
+    /// Every matched writer's liveliness is lost at every local reader.
+    fn all_writers_lost(&mut self, now_ns: u64) {
+        for (writer, readers) in self.routes.drain() {
+            for r in readers {
+                r.writer_lost(WriterId(writer), true, now_ns);
+            }
+        }
     }
 
     fn tick(&mut self, now_ns: u64) {
