@@ -370,17 +370,6 @@ mod tests {
         }
     }
 
-    fn retire(id: u64) -> Announce {
-        Announce {
-            msg: MSG_RETIRE,
-            endpoint: id,
-            topic: "-".into(),
-            type_name: "-".into(),
-            partitions: Vec::new(),
-            qos: Vec::new(),
-        }
-    }
-
     #[test]
     fn a_writer_and_a_reader_of_one_topic_match_in_either_order() {
         let (w, r) = (endpoint_id(0, 1), endpoint_id(1, 1));
@@ -507,7 +496,7 @@ mod tests {
             }]
         );
         events.clear();
-        d.handle_announce(&retire(r), &mut events).unwrap();
+        d.handle_announce(&Announce::retire(r), &mut events).unwrap();
         assert!(events.is_empty(), "the writer was already gone");
         assert_eq!(d.endpoints().count(), 0);
         assert!(Discovery::restore(&snap[..snap.len() - 1]).is_err());

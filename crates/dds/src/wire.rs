@@ -276,6 +276,18 @@ pub struct Announce {
 }
 
 impl Announce {
+    /// The announcement that endpoint `id` was retired (deleted).
+    pub fn retire(id: u64) -> Announce {
+        Announce {
+            msg: MSG_RETIRE,
+            endpoint: id,
+            topic: "-".into(),
+            type_name: "-".into(),
+            partitions: Vec::new(),
+            qos: Vec::new(),
+        }
+    }
+
     /// Encode into `out` (cleared first; discovery is not a hot path).
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
         check_name("topic name", &self.topic)?;

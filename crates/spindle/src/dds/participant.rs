@@ -277,14 +277,7 @@ impl ParticipantShared {
     }
 
     pub(crate) fn retire(&self, id: u64) {
-        let a = Announce {
-            msg: MSG_RETIRE,
-            endpoint: id,
-            topic: "-".into(),
-            type_name: "-".into(),
-            partitions: Vec::new(),
-            qos: Vec::new(),
-        };
+        let a = Announce::retire(id);
         // A participant that stopped has no one to tell.
         let _ = self.announce(&a);
         let mut registry = self.registry.lock().expect("registry lock");
