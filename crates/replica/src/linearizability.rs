@@ -59,9 +59,11 @@ pub enum LinearizabilityError {
 /// the search explode after a failover, when many requests go unanswered):
 /// a GET without an answer constrains nothing, and a SET without an answer
 /// whose value no operation observed — no GET returned it, no INCR
-/// returned it plus one — may be taken as never having happened: had it
-/// been the last write before a GET or an INCR, that one would have
-/// observed its value. INCRs are kept (later INCRs see their effect).
+/// returned it plus one, directly or through unanswered INCRs after it —
+/// may be taken as never having happened: had it been the last write
+/// before a GET or an INCR, that one would have observed its value (or,
+/// after `k` unanswered INCRs, its value plus `k`). INCRs are kept (later
+/// INCRs see their effect).
 pub fn check(history: &[Op]) -> Result<(), LinearizabilityError> {
     let observed: HashSet<(&[u8], Vec<u8>)> = history
         .iter()
@@ -71,9 +73,28 @@ pub fn check(history: &[Op]) -> Result<(), LinearizabilityError> {
             _ => None,
         })
         .collect();
+    // Per key, how many INCRs went unanswered: an unanswered SET of `v`
+    // followed by `k` of them is observed as `v + k`.
+    let mut unanswered_incrs: BTreeMap<&[u8], i64> = BTreeMap::new();
+    for op in history
+        .iter()
+        .filter(|op| op.kind == OpKind::Incr && op.result.is_none())
+    {
+        *unanswered_incrs.entry(&op.key[..]).or_default() += 1;
+    }
+    let observed_through_incrs = |key: &[u8], v: &[u8]| {
+        let incrs = unanswered_incrs.get(key).copied().unwrap_or(0);
+        let Some(base) = std::str::from_utf8(v).ok().and_then(|t| t.parse::<i64>().ok()) else {
+            return false;
+        };
+        (1..=incrs).any(|k| {
+            base.checked_add(k)
+                .is_some_and(|w| observed.contains(&(key, w.to_string().into_bytes())))
+        })
+    };
     let matters = |op: &&Op| match (&op.kind, &op.result) {
         (OpKind::Get, None) => false,
-        (OpKind::Set(v), None) => observed.contains(&(&op.key[..], v.clone())),
+        (OpKind::Set(v), None) => observed.contains(&(&op.key[..], v.clone())) || observed_through_incrs(&op.key, v),
         _ => true,
     };
     let mut by_key: BTreeMap<&[u8], Vec<&Op>> = BTreeMap::new();
@@ -249,6 +270,16 @@ mod tests {
             op(1, OpKind::Incr, (5, Some(6)), Some(OpResult::Integer(42))),
         ];
         assert_eq!(check(&seen_by_incr), Ok(()));
+        // An unanswered SET observed only through an unanswered INCR
+        // after it (a failover cut both off, both took effect) is kept:
+        // SET 120, INCR (121, no answer), INCR answered 122.
+        let seen_through_lost_incr = vec![
+            op(0, OpKind::Set(b"7".to_vec()), (0, Some(1)), Some(OpResult::Ok)),
+            op(1, OpKind::Set(b"120".to_vec()), (2, None), None),
+            op(2, OpKind::Incr, (3, None), None),
+            op(3, OpKind::Incr, (10, Some(11)), Some(OpResult::Integer(122))),
+        ];
+        assert_eq!(check(&seen_through_lost_incr), Ok(()));
         // A read of a value nobody wrote is still a violation.
         let bogus = vec![
             op(0, OpKind::Set(b"x".to_vec()), (0, None), None),
