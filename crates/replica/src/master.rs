@@ -99,9 +99,15 @@ pub struct Master<F: Fabric> {
     /// caller waits once with [`Master::complete`] before it reports any
     /// of them.
     deferred: bool,
-    /// Disk durability with group commit: appends whose guard is not
-    /// published yet ([`Master::complete`] publishes it).
+    /// Group commit: appends whose guard is not published yet
+    /// ([`Master::complete`] publishes it; disk durability, or one-sided
+    /// appends whose bytes are not pushed yet either).
     guard_pending: bool,
+    /// Group commit, one-sided: the log positions `[from, to)` written to
+    /// the backups' areas but not pushed yet (within one segment), so
+    /// that a batch goes out as one push per backup and segment instead
+    /// of two per record. Pushed before the guard that covers them.
+    unpushed: Option<(u64, u64)>,
     /// Disk durability: the log position every backup has on disk, as
     /// far as the master has waited for it.
     acknowledged: u64,
@@ -135,6 +141,7 @@ impl<F: Fabric> Master<F> {
             stall_ns_max: STALL_NS_MAX,
             deferred: false,
             guard_pending: false,
+            unpushed: None,
             acknowledged: 0,
             set_size: 0,
         };
@@ -344,9 +351,10 @@ impl<F: Fabric> Master<F> {
                 .copied()
                 .find(|b| !geometry.writable(end, self.fabric.row(*b).u64_at(cell).load(Ordering::Acquire)));
             let Some(b) = blocked else { return Ok(()) };
-            if self.is_disk() && spins == 0 {
-                // The syncers free slots only up to the guard they see
-                // (group commit may hold it back): publish it, wake them.
+            if spins == 0 && self.guard_pending {
+                // The flushers and syncers free slots only up to the
+                // guard they see (group commit may hold it and the bytes
+                // back): publish them, wake them.
                 self.publish_pending_guard()?;
                 self.fabric.doorbell().ring();
             }
@@ -444,10 +452,15 @@ impl<F: Fabric> Master<F> {
             .map_err(|e| e.to_string())
     }
 
-    /// Publish the guard of appends made with group commit (disk).
+    /// Publish the guard of appends made with group commit (disk, or
+    /// one-sided with their bytes: the bytes first).
     fn publish_pending_guard(&mut self) -> Result<(), String> {
         if !self.guard_pending {
+            debug_assert!(self.unpushed.is_none(), "unpushed bytes always have a pending guard");
             return Ok(());
+        }
+        if let Some((from, to)) = self.unpushed.take() {
+            self.publish_range(from, to)?;
         }
         for &b in &self.backups {
             self.publish_guard(b, self.head)?;
@@ -558,6 +571,11 @@ impl<F: Fabric> Master<F> {
         if self.backups.is_empty() {
             return Err("no live backup left: writes are refused rather than left unreplicated".into());
         }
+        if !self.deferred {
+            // A guard published below must not cover bytes a batch left
+            // unpushed.
+            self.publish_pending_guard()?;
+        }
         let len = encoded_len(key.len(), value.len());
         if len > self.staging.len() {
             return Err(format!(
@@ -592,11 +610,15 @@ impl<F: Fabric> Master<F> {
             },
         );
         self.write_to_backups(placement.record_at, n);
-        if from != placement.record_at {
-            // The pad sits in the previous segment: push it on its own.
-            self.publish_range(from, from + HEADER_BYTES as u64)?;
+        if self.defers_pushes() {
+            self.defer_push(from, placement.record_at, placement.new_head)?;
+        } else {
+            if from != placement.record_at {
+                // The pad sits in the previous segment: push it on its own.
+                self.publish_range(from, from + HEADER_BYTES as u64)?;
+            }
+            self.publish(placement.new_head, placement.record_at)?;
         }
-        self.publish(placement.new_head, placement.record_at)?;
         self.head = placement.new_head;
         if self.mode == Mode::Rpc {
             // A request wakes a parked receiver, as an RPC must.
@@ -609,9 +631,48 @@ impl<F: Fabric> Master<F> {
         Ok(())
     }
 
+    /// Group commit of one-sided appends: their bytes and guard go out
+    /// together at [`Master::complete`] (or when flow control waits), one
+    /// push per backup and segment. Rpc keeps one request per record, as
+    /// the baseline it stands for.
+    fn defers_pushes(&self) -> bool {
+        self.deferred && self.mode == Mode::OneSided
+    }
+
+    /// Add a deferred append's bytes (a pad at `from` when it differs from
+    /// `record_at`, then the record up to `new_head`) to the unpushed run;
+    /// a run never spans segments, so a pad closes it (pushed now).
+    fn defer_push(&mut self, from: u64, record_at: u64, new_head: u64) -> Result<(), String> {
+        debug_assert_eq!(from, self.head, "appends are contiguous");
+        let run_from = match self.unpushed {
+            Some((run_from, run_to)) => {
+                debug_assert_eq!(run_to, from, "the unpushed run ends at the head");
+                run_from
+            }
+            None => from,
+        };
+        let segment = |p: u64| self.layout.geometry.segment_of(p);
+        if from != record_at {
+            // The pad ends the run in the previous segment.
+            self.publish_range(run_from, from + HEADER_BYTES as u64)?;
+            self.unpushed = Some((record_at, new_head));
+        } else if segment(run_from) != segment(new_head - 1) {
+            // The record starts a new segment (the last one ended exactly
+            // at its end): the run so far stays in its own segment.
+            if run_from < from {
+                self.publish_range(run_from, from)?;
+            }
+            self.unpushed = Some((record_at, new_head));
+        } else {
+            self.unpushed = Some((run_from, new_head));
+        }
+        self.guard_pending = true;
+        Ok(())
+    }
+
     /// Whether an append completes only when backups answer (rpc,
     /// one-sided with `Completion::Echo`, or disk durability).
-    fn waits_for_backups(&self) -> bool {
+    pub fn waits_for_backups(&self) -> bool {
         self.mode == Mode::Rpc || self.layout.completion == Completion::Echo || self.is_disk()
     }
 

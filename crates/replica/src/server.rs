@@ -6,11 +6,18 @@
 //! slot; pipelined
 //! requests are handled in batches (every complete request in what one
 //! read brought, under one lock), with one write of all their replies.
-//! A batch is one group commit: its appends do not wait one by one for
-//! the backups' replies (rpc) or echoes (tcp); the server waits once,
-//! still under the lock, before any reply of the batch is written, so no
-//! client — this one or another — sees a write before every backup has
-//! it. If that wait fails the master cannot tell which writes are
+//! A batch's appends do not wait one by one for the backups' replies
+//! (rpc) or echoes (tcp). Where the master waits for the backups at all,
+//! group commit spans clients: a batch is executed under the lock and
+//! takes a ticket; the lock is then let go so that other clients' batches
+//! execute too, and one commit (one wait for the backups, under the lock)
+//! covers every batch executed before it started. No reply of a batch is
+//! written before a commit covering its ticket has returned, so no client
+//! — this one or another — is answered from a write that not every backup
+//! has (a read may see such a write, but its reply waits for the same
+//! commit). Where a push is already the completion (shm, one-sided,
+//! memory durability), a batch commits in the same lock hold, as before.
+//! If a commit fails the master cannot tell which writes are
 //! replicated: the service is marked failed under the lock, the batch's
 //! replies are dropped, no later batch runs, every client is closed and
 //! [`serve`] returns [`ServeError::Replication`]; the caller leaves the
@@ -24,7 +31,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::thread::{Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant, SystemTime};
@@ -185,6 +192,11 @@ struct Guarded<F: Membership> {
     failure: Option<String>,
     /// Tests: one line per answered batch that wrote (see [`ACK_LOG_ENV`]).
     ack_log: Option<std::fs::File>,
+    /// Tickets of the batches executed so far (the last one handed out).
+    tickets_executed: u64,
+    /// Every batch whose ticket is at most this is replicated (and this
+    /// master was still allowed to answer when that was known).
+    tickets_committed: u64,
 }
 
 /// Tests: with this environment variable set to a directory, the master
@@ -200,6 +212,10 @@ struct Service<'a, F: Membership> {
     /// Mirrors `Guarded::failure` for the accept loop, which does not take
     /// the lock.
     failed: AtomicBool,
+    /// Clients with a batch read and waiting for the lock to execute it:
+    /// a commit lets them execute first (boundedly) so that it covers
+    /// their batches too.
+    batches_queued: AtomicUsize,
     stop: Option<&'a AtomicBool>,
     /// The master's failover driver: once it stepped down, serving ends.
     driver: std::sync::Arc<Driver<F>>,
@@ -247,8 +263,11 @@ pub fn serve<F: Membership>(
             leader,
             failure: None,
             ack_log,
+            tickets_executed: 0,
+            tickets_committed: 0,
         }),
         failed: AtomicBool::new(false),
+        batches_queued: AtomicUsize::new(0),
         stop: options.stop,
         driver,
         info_extra: options.info_extra,
@@ -415,22 +434,72 @@ fn handle_client<F: Membership>(stream: &mut TcpStream, service: &Service<'_, F>
     Ok(())
 }
 
-/// Execute every complete request at the front of `buf` under the lock;
-/// returns the bytes used and whether to close the connection. No reply
-/// is left in `out` unless every write of the batch is on every backup.
+/// How many times a commit yields the CPU, at most, while other clients
+/// still have batches queued for the lock (each yield lets them execute
+/// theirs, so the commit covers them): bounded, so a steady stream of
+/// batches never postpones a commit for long.
+const COMMIT_YIELDS_MAX: u32 = 64;
+
+/// Execute every complete request at the front of `buf`, then wait for a
+/// commit that covers them; returns the bytes used and whether to close
+/// the connection. No reply is left in `out` unless every write of the
+/// batch (and every write it read) is on every backup.
 fn handle_batch<F: Membership>(
     buf: &[u8],
     service: &Service<'_, F>,
     session: &mut Session,
     out: &mut Vec<u8>,
 ) -> (usize, bool) {
+    // Relaxed: a hint for committers (see `commit_covering`), not a
+    // synchronization.
+    service.batches_queued.fetch_add(1, Ordering::Relaxed);
     let mut guard = service.guarded.lock().unwrap_or_else(|p| p.into_inner());
-    let guarded = &mut *guard;
-    if guarded.failure.is_some() || service.stopping() {
+    service.batches_queued.fetch_sub(1, Ordering::Relaxed);
+    if guard.failure.is_some() || service.stopping() {
         // No batch after a failure (its objects hold unreplicated
         // writes) nor after the stop flag.
         return (0, true);
     }
+    let (used, close, wrote) = execute_batch(buf, &mut guard, service, session, out);
+    guard.tickets_executed += 1;
+    let ticket = guard.tickets_executed;
+    if guard.leader.master.waits_for_backups() {
+        // Let other clients' batches join this commit.
+        drop(guard);
+        guard = commit_covering(ticket, service);
+    } else {
+        commit(&mut guard, service);
+    }
+    let guarded = &mut *guard;
+    if guarded.tickets_committed < ticket {
+        // Applied but not known to be replicated (or no longer
+        // answerable): drop the replies; no batch runs after this one.
+        debug_assert!(guarded.failure.is_some(), "an uncommitted batch only after a failure");
+        out.clear();
+        return (used, true);
+    }
+    if let (true, Some(log)) = (wrote && !out.is_empty(), guarded.ack_log.as_mut()) {
+        let line = format!(
+            "{} {} {}\n",
+            spindle_runtime::monotonic_ns(),
+            guarded.leader.master_rank(),
+            guarded.leader.master.epoch()
+        );
+        let _ = log.write_all(line.as_bytes());
+    }
+    (used, close)
+}
+
+/// Execute every complete request at the front of `buf` (group commit
+/// on: the appends do not wait for the backups); returns the bytes used,
+/// whether to close the connection and whether the batch wrote.
+fn execute_batch<F: Membership>(
+    buf: &[u8],
+    guarded: &mut Guarded<F>,
+    service: &Service<'_, F>,
+    session: &mut Session,
+    out: &mut Vec<u8>,
+) -> (usize, bool, bool) {
     let leader = &mut guarded.leader;
     let head_before = (leader.master.epoch(), leader.master.head());
     leader.master.set_deferred(true);
@@ -474,34 +543,54 @@ fn handle_batch<F: Membership>(
     }
     leader.master.set_deferred(false);
     let wrote = (leader.master.epoch(), leader.master.head()) != head_before;
-    // Replicated on every backup; then housekeeping (a dropped backup
-    // rolls the epoch first); then the lease: no reply, read or write,
-    // unless this master may still answer ([`crate::failover`]).
+    (used, close, wrote)
+}
+
+/// Take the lock back once a commit covers `ticket`: commit here unless
+/// another client's commit already did (or the service failed). Before
+/// committing, yield (boundedly) while other clients have batches queued,
+/// so that this one wait for the backups covers theirs too.
+fn commit_covering<'s, 'a, F: Membership>(
+    ticket: u64,
+    service: &'s Service<'a, F>,
+) -> std::sync::MutexGuard<'s, Guarded<F>> {
+    let mut yields = 0;
+    while yields < COMMIT_YIELDS_MAX && service.batches_queued.load(Ordering::Relaxed) > 0 {
+        std::thread::yield_now();
+        yields += 1;
+    }
+    let mut guard = service.guarded.lock().unwrap_or_else(|p| p.into_inner());
+    if guard.tickets_committed < ticket && guard.failure.is_none() {
+        commit(&mut guard, service);
+    }
+    guard
+}
+
+/// One commit, under the lock: wait until every backup has everything
+/// appended so far; then housekeeping (a dropped backup rolls the epoch
+/// first); then the lease: no reply, read or write, unless this master
+/// may still answer ([`crate::failover`]). On success every ticket handed
+/// out so far is committed; on failure the service is marked failed.
+fn commit<F: Membership>(guarded: &mut Guarded<F>, service: &Service<'_, F>) {
+    debug_assert!(guarded.failure.is_none(), "no commit after a failure");
+    let covered = guarded.tickets_executed;
+    let leader = &mut guarded.leader;
     let answerable = leader
         .master
         .complete()
         .and_then(|()| leader.maintain())
         .and_then(|()| leader.wait_answerable());
-    if let Err(e) = answerable {
-        // The batch's writes are applied but not known to be replicated
-        // (or may no longer be answered): drop the replies; no batch runs
-        // after this one (see `Guarded`).
-        out.clear();
-        guarded.failure = Some(e);
-        // Release: pairs with the Acquire load in `Service::stopping`.
-        service.failed.store(true, Ordering::Release);
-        return (used, true);
+    match answerable {
+        Ok(()) => {
+            debug_assert!(covered >= guarded.tickets_committed, "tickets commit in order");
+            guarded.tickets_committed = covered;
+        }
+        Err(e) => {
+            guarded.failure = Some(e);
+            // Release: pairs with the Acquire load in `Service::stopping`.
+            service.failed.store(true, Ordering::Release);
+        }
     }
-    if let (true, Some(log)) = (wrote && !out.is_empty(), guarded.ack_log.as_mut()) {
-        let line = format!(
-            "{} {} {}\n",
-            spindle_runtime::monotonic_ns(),
-            guarded.leader.master_rank(),
-            guarded.leader.master.epoch()
-        );
-        let _ = log.write_all(line.as_bytes());
-    }
-    (used, close)
 }
 
 #[cfg(test)]
