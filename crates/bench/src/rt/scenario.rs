@@ -576,8 +576,12 @@ fn run_channels<F: Fabric>(
 
 /// How this member calibrates its host: wake-ups at least 4 spin windows
 /// and 1 ms apart; on one host (shm) the members take turns (phase `rank ×
-/// gap / members`, each turn as long as the widest window any member may
-/// use plus the probe), so that their spins never overlap.
+/// gap / members`, each turn twice as long as the widest window any member
+/// may use plus the probe), so that their spins never overlap and the
+/// members together spin at most half of one CPU: no more than the
+/// dispatchers will (a calibration that loads the host more than the run
+/// measures its own load: on the 2-vCPU VM this was built on, members
+/// spinning most of a CPU saw 12–22 ms stalls, see bench/RESULTS-rt.md §8).
 pub fn calibration_plan(spec: &ScenarioSpec, rank: usize, spin: &SpinPolicy) -> CalibrationPlan {
     const MS: u64 = 1_000_000;
     let window = spin.window_ns();
@@ -588,7 +592,7 @@ pub fn calibration_plan(spec: &ScenarioSpec, rank: usize, spin: &SpinPolicy) -> 
             SpinPolicy::Auto(t) => t.cap_ns(),
             SpinPolicy::Fixed(w) => *w,
         };
-        let turn_ns = widest + INTERFERENCE_PROBE_NS;
+        let turn_ns = 2 * (widest + INTERFERENCE_PROBE_NS);
         gap_ns = gap_ns.max(turn_ns * spec.members as u64);
         phase_ns = rank as u64 * (gap_ns / spec.members as u64);
     }

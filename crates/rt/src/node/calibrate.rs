@@ -67,12 +67,15 @@ pub fn calibrate_host(plan: CalibrationPlan) -> HostCalibration {
     } = plan;
     assert!(gap_ns > 0, "calibration wake-ups need a gap");
     let duration_ns = duration_ns.min(CALIBRATION_NS_MAX);
-    let planned = (duration_ns / gap_ns).max(wakeups_min as u64).max(1);
-    let wakeups_max = (planned as usize).min(CALIBRATION_WAKEUPS_MAX);
+    // Room for the wake-ups the duration holds (and the first one's
+    // alignment); the loop stops at the duration or the minimum count.
+    let planned = (duration_ns / gap_ns + 2).max(wakeups_min as u64);
+    let capacity = (planned as usize).min(CALIBRATION_WAKEUPS_MAX);
+    let wakeups_max = CALIBRATION_WAKEUPS_MAX;
     let probe_ns = probe_ns.min(gap_ns / 2);
     let mut out = HostCalibration {
-        release_jitter_ns: Vec::with_capacity(wakeups_max),
-        lost_ns: Vec::with_capacity(wakeups_max),
+        release_jitter_ns: Vec::with_capacity(capacity),
+        lost_ns: Vec::with_capacity(capacity),
         ..HostCalibration::default()
     };
     let start = monotonic_ns();
