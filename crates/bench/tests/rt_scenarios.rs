@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use spindle_rt::AdmissionMode;
+
 use spindle_bench::rt::scenario::{
     run_member, MemberReport, NodeClockSpec, Scenario, ScenarioSpec, StageSpec, TransportSpec,
 };
@@ -68,6 +70,11 @@ fn base_spec(scenario: Scenario, group: &str, members: usize, dir: &Path) -> Sce
         best_effort_quota: 2,
         transport: TransportSpec::default(),
         watchdog: true,
+        admission: AdmissionMode::WorstCase,
+        // A short calibration, and interference declared (like the jitter)
+        // so that admission does not depend on this machine's load.
+        calibration_ns: 0,
+        interference_declared_ns: Some(0),
     }
 }
 
@@ -169,10 +176,72 @@ fn an_infeasible_set_is_rejected_everywhere_with_the_task_and_reason() {
     ];
     let results = run_all(&spec);
     for result in &results {
-        let err = result.clone().unwrap_err();
+        // A rejection is an answer (every member reports it), not a failure.
+        let report = result.clone().expect("a rejection is reported, not an error");
+        let err = report.runs[0].rejected_at_commit.clone().expect("rejected at commit");
+        assert!(report.runs[0].counters.released == 0, "nothing ran");
         assert!(err.contains("rejected by node 1"), "{err} (all: {results:?})");
         assert!(err.contains("task 'n"), "names the task: {err}");
         assert!(err.contains("demand") || err.contains("utilization"), "says why: {err}");
+    }
+}
+
+#[test]
+fn interference_that_makes_the_set_infeasible_rejects_it_at_commit_with_task_bound_and_interference() {
+    let dir = tempdir();
+    let mut spec = base_spec(Scenario::Latency, "rt-reject-interference", 2, dir.path());
+    // 500 µs deadlines − the 200 µs clock budget leave 300 µs; a host that
+    // takes the CPU for 400 µs at once cannot promise them.
+    spec.interference_declared_ns = Some(400 * US);
+    let results = run_all(&spec);
+    for result in results {
+        let report = result.expect("a rejection is an answer, not a failure");
+        assert!(report.runs.iter().all(|r| r.counters.released == 0), "nothing ran");
+        let reason = report.runs[0].rejected_at_commit.clone().expect("rejected at commit");
+        for needle in [
+            "rejected by node",
+            "task 'n",
+            "needs a deadline of at least",
+            "interference 400000 ns measured",
+        ] {
+            assert!(reason.contains(needle), "'{needle}' not in: {reason}");
+        }
+        assert_eq!(report.interference.interference_admitted_ns, 400 * US);
+    }
+}
+
+#[test]
+fn calibrated_interference_is_reported_and_statistical_admission_uses_the_quantile() {
+    let dir = tempdir();
+    let mut spec = base_spec(Scenario::Latency, "rt-statistical", 2, dir.path());
+    spec.admission = AdmissionMode::Statistical { miss_budget: 1e-2 };
+    spec.interference_declared_ns = None;
+    spec.release_jitter_declared_ns = None;
+    // Long deadlines: whatever this machine shows, the set is admitted.
+    spec.period_ns = vec![40 * MS];
+    spec.periods = 5;
+    spec.stages = vec![
+        stage(0, "user", 0, 20 * US, 5 * MS),
+        stage(0, "send", 5 * MS, 20 * US, 5 * MS),
+        stage(1, "recv", 15 * MS, 20 * US, 5 * MS),
+        stage(1, "user", 20 * MS, 20 * US, 5 * MS),
+    ];
+    spec.clock_bound_budget_ns = 2 * MS;
+    spec.calibration_ns = 100 * MS;
+    let results = run_all(&spec);
+    for result in results {
+        let report = result.unwrap();
+        let i = report.interference;
+        assert!(
+            i.wakeups >= spec.jitter_samples as u64 && i.calibration_ns >= spec.calibration_ns,
+            "{i:?}"
+        );
+        assert!(i.lost_p99_ns <= i.lost_max_ns);
+        // Statistical with 1e-2: at most 1 % of the calibration samples above what was admitted.
+        assert!(i.interference_admitted_ns <= i.lost_max_ns, "{i:?}");
+        if report.runs[0].rejected_at_commit.is_none() {
+            assert!(report.runs[0].counters.released > 0);
+        }
     }
 }
 

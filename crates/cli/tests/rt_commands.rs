@@ -28,7 +28,11 @@ fn ring_runs_and_reports_the_documented_keys() {
         .args([
             "--jitter-samples",
             "20",
+            "--calibration-ms",
+            "200",
             "--declared-jitter-us",
+            "0",
+            "--declared-interference-us",
             "0",
             "--clock-budget-us",
             "500",
@@ -56,6 +60,82 @@ fn ring_runs_and_reports_the_documented_keys() {
         assert!(n["spin"]["window_ns"].as_u64().unwrap() <= n["spin"]["cap_ns"].as_u64().unwrap());
     }
     assert!(text(&out).contains("spin window"), "{}", text(&out));
+    // Every node reports the interference it calibrated and admitted.
+    for n in v["nodes"].as_array().unwrap() {
+        assert!(n["interference"]["wakeups"].as_u64().unwrap() > 0, "{n}");
+        assert_eq!(n["interference"]["interference_admitted_ns"], 0, "declared: {n}");
+    }
+    assert_eq!(v["outcome"], "ran", "{v}");
+    assert!(text(&out).contains("interference: admitted"), "{}", text(&out));
+}
+
+#[test]
+fn a_ring_the_host_cannot_promise_is_rejected_at_commit_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ring-rejected.json");
+    let out = run(spindle()
+        .args(["rt", "ring", "--periods", "20", "--period-us", "20000", "--no-fifo"])
+        .args([
+            "--jitter-samples",
+            "20",
+            "--calibration-ms",
+            "0",
+            "--declared-jitter-us",
+            "0",
+        ])
+        // A host that takes the CPU for 5 ms at once: the 20 ms ring's
+        // deadlines (≈ 2 ms) cannot hold.
+        .args([
+            "--declared-interference-us",
+            "5000",
+            "--clock-budget-us",
+            "500",
+            "--json",
+        ])
+        .arg(&path));
+    assert!(
+        !out.status.success(),
+        "a rejected ring exits with an error: {}",
+        text(&out)
+    );
+    let t = text(&out);
+    assert!(t.contains("REJECTED at commit"), "{t}");
+    let v = json(&path);
+    assert_eq!(v["outcome"], "rejected at commit", "{v}");
+    assert_eq!(v["admitted"], false);
+    let reason = v["rejected_at_commit"].as_str().unwrap().to_string();
+    for needle in [
+        "task 'n",
+        "needs a deadline of at least",
+        "interference 5000000 ns measured",
+    ] {
+        assert!(reason.contains(needle), "'{needle}' not in: {reason}");
+    }
+}
+
+#[test]
+fn statistical_admission_reports_the_miss_rate_against_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ring-statistical.json");
+    let out = run(spindle()
+        .args(["rt", "ring", "--periods", "20", "--period-us", "20000", "--no-fifo"])
+        .args(["--admission", "statistical", "--miss-budget", "1e-2"])
+        .args([
+            "--jitter-samples",
+            "20",
+            "--calibration-ms",
+            "0",
+            "--declared-jitter-us",
+            "0",
+        ])
+        .args(["--declared-interference-us", "0", "--clock-budget-us", "500", "--json"])
+        .arg(&path));
+    assert!(out.status.success(), "ring failed: {}", text(&out));
+    let v = json(&path);
+    assert_eq!(v["admission_mode"], "statistical", "{v}");
+    assert_eq!(v["miss_budget"], 1e-2);
+    assert!(v["miss_rate"].is_f64() && v["within_budget"].is_boolean(), "{v}");
+    assert!(text(&out).contains("miss budget"), "{}", text(&out));
 }
 
 #[test]
@@ -90,7 +170,15 @@ fn table_5_1_is_judged_and_run_anyway() {
     let path = dir.path().join("t51.json");
     let out = run(spindle()
         .args(["rt", "ring", "--params", "table-5.1", "--periods", "10", "--no-fifo"])
-        .args(["--jitter-samples", "10", "--clock-budget-us", "500", "--json"])
+        .args([
+            "--jitter-samples",
+            "10",
+            "--calibration-ms",
+            "0",
+            "--clock-budget-us",
+            "500",
+            "--json",
+        ])
         .arg(&path));
     assert!(out.status.success(), "table-5.1 ring failed: {}", text(&out));
     let v = json(&path);
@@ -125,6 +213,17 @@ fn bad_input_names_the_bad_value() {
         ),
         (vec!["rt", "jitter", "--samples", "1"], "--samples 1"),
         (vec!["rt", "jitter", "--spin-us", "900"], "--spin-us 900"),
+        (vec!["rt", "ring", "--admission", "optimistic"], "'optimistic'"),
+        (vec!["rt", "ring", "--admission", "statistical"], "--miss-budget"),
+        (
+            vec!["rt", "ring", "--admission", "statistical", "--miss-budget", "3"],
+            "--miss-budget 3",
+        ),
+        (vec!["rt", "ring", "--miss-budget", "1e-4"], "statistical only"),
+        (
+            vec!["rt", "ring", "--calibration-ms", "999999999"],
+            "--calibration-ms 999999999",
+        ),
     ] {
         let out = run(spindle().args(&args));
         assert!(!out.status.success(), "{args:?} should fail");
@@ -178,6 +277,7 @@ fn ring_runs_over_tcp_on_loopback() {
             "20000",
         ])
         .args(["--no-fifo", "--jitter-samples", "10", "--declared-jitter-us", "0"])
+        .args(["--calibration-ms", "0", "--declared-interference-us", "0"])
         .args(["--deadline-us", "1500", "--clock-budget-us", "500", "--json"])
         .arg(&path));
     assert!(out.status.success(), "ring over tcp failed: {}", text(&out));

@@ -4,17 +4,30 @@
 //! Every deadline is first *shortened* by the margins the runtime cannot
 //! avoid: the global clock's error bound (a node may release a job up to
 //! that much late in global time) and the dispatcher's measured release
-//! jitter. With `D' = D − clock_error_bound − release_jitter`:
+//! jitter. Every job is then *charged* the host's **interference** `I`
+//! besides its compute time: the longest the host may keep the dispatcher
+//! off its CPU while the job is due or running (preemption, interrupts,
+//! the hypervisor descheduling a virtual CPU; learned from the host, see
+//! [`crate::interference`]). With `D' = D − clock_error_bound −
+//! release_jitter` and `C' = C + I`:
 //!
-//! 1. each task needs `C ≤ D'` (else: "compute exceeds shortened deadline");
-//! 2. utilization `Σ C/T ≤ 1`;
+//! 1. each task needs `C' ≤ D'` (else: "needs a deadline of at least …",
+//!    naming the interference measured);
+//! 2. utilization `Σ C'/T ≤ 1`;
 //! 3. the processor-demand criterion with release offsets: for every
 //!    window `[t1, t2]` with `t1` a release and `t2` a deadline inside the
 //!    feasibility interval `[0, O_max + 2H)` (H = hyperperiod; Leung and
 //!    Merrill), the work of jobs released at or after `t1` with deadlines
 //!    at or before `t2`, plus the longest job that may already be running
 //!    at `t1` with a later deadline (the dispatcher does not preempt a
-//!    running job), fits: `demand + blocking ≤ t2 − t1`.
+//!    running job), fits: `demand + blocking ≤ t2 − t1` (all with `C'`).
+//!
+//! Charging `I` to every job is sound for any pattern of interference in
+//! which no job is delayed by more than `I` in all: a stall while a job
+//! waits behind another is charged to the one running, a stall while the
+//! processor idles delays nothing, so the schedule is one with execution
+//! times of at most `C'` (property test
+//! `accepted_sets_meet_every_deadline_when_every_job_is_delayed_by_up_to_i`).
 //!
 //! The test is pure and bounded: at most [`JOBS_MAX`] jobs in the interval,
 //! else the set is rejected as too long to check (never a long stall).
@@ -33,9 +46,14 @@ pub struct Margins {
     pub clock_error_bound_ns: u64,
     /// The dispatcher's measured release jitter (start − release).
     pub release_jitter_ns: u64,
+    /// The host's interference charged to every job on top of its compute
+    /// time (see [`crate::interference`]); 0: none assumed.
+    pub interference_ns: u64,
 }
 
 impl Margins {
+    /// What every deadline is shortened by (the clock bound and the
+    /// release jitter; the interference is charged to each job instead).
     pub fn total_ns(&self) -> u64 {
         self.clock_error_bound_ns.saturating_add(self.release_jitter_ns)
     }
@@ -46,23 +64,27 @@ impl Margins {
 pub enum RejectReason {
     #[error("invalid task: {0}")]
     Invalid(QosError),
-    #[error("compute {compute_ns} ns exceeds the shortened deadline {deadline_effective_ns} ns (deadline {deadline_ns} ns − clock bound {clock_error_bound_ns} ns − release jitter {release_jitter_ns} ns)")]
+    #[error("needs a deadline of at least {deadline_needed_ns} ns, has {deadline_ns} ns: compute {compute_ns} ns + interference {interference_ns} ns measured on this host + clock bound {clock_error_bound_ns} ns + release jitter {release_jitter_ns} ns (shortened deadline {deadline_effective_ns} ns)")]
     ComputeExceedsDeadline {
         compute_ns: u64,
+        interference_ns: u64,
         deadline_ns: u64,
+        /// `compute + interference + clock bound + release jitter`.
+        deadline_needed_ns: u64,
         deadline_effective_ns: i64,
         clock_error_bound_ns: u64,
         release_jitter_ns: u64,
     },
-    #[error("utilization {utilization_ppm} ppm exceeds 1,000,000 ppm once this task is added")]
-    Utilization { utilization_ppm: u64 },
-    #[error("demand {demand_ns} ns (+ {blocking_ns} ns non-preemptive blocking) exceeds the window [{window_start_ns}, {window_end_ns}) ns of {window_ns} ns ending at this task's deadline")]
+    #[error("utilization {utilization_ppm} ppm (compute + interference {interference_ns} ns per job) exceeds 1,000,000 ppm once this task is added")]
+    Utilization { utilization_ppm: u64, interference_ns: u64 },
+    #[error("demand {demand_ns} ns (+ {blocking_ns} ns non-preemptive blocking; each job charged interference {interference_ns} ns measured on this host) exceeds the window [{window_start_ns}, {window_end_ns}) ns of {window_ns} ns ending at this task's deadline")]
     Demand {
         window_start_ns: u64,
         window_end_ns: u64,
         window_ns: u64,
         demand_ns: u64,
         blocking_ns: u64,
+        interference_ns: u64,
     },
     #[error(
         "the feasibility interval holds more than {JOBS_MAX} jobs (hyperperiod {hyperperiod_ns} ns): too long to check"
@@ -133,12 +155,15 @@ pub fn admit_node(tasks: &[TaskSpec], margins: Margins) -> Result<Admitted, Reje
     for task in tasks {
         task.validate().map_err(|e| reject(task, RejectReason::Invalid(e)))?;
         let effective = task.qos.deadline_ns as i64 - margins.total_ns() as i64;
-        if effective < task.compute_ns as i64 {
+        let charged_ns = task.compute_ns.saturating_add(margins.interference_ns);
+        if effective < charged_ns as i64 {
             return Err(reject(
                 task,
                 RejectReason::ComputeExceedsDeadline {
                     compute_ns: task.compute_ns,
+                    interference_ns: margins.interference_ns,
                     deadline_ns: task.qos.deadline_ns,
+                    deadline_needed_ns: charged_ns.saturating_add(margins.total_ns()),
                     deadline_effective_ns: effective,
                     clock_error_bound_ns: margins.clock_error_bound_ns,
                     release_jitter_ns: margins.release_jitter_ns,
@@ -146,9 +171,15 @@ pub fn admit_node(tasks: &[TaskSpec], margins: Margins) -> Result<Admitted, Reje
             ));
         }
         deadlines_effective.push(effective as u64);
-        utilization_ppm += (task.compute_ns as u128 * 1_000_000).div_ceil(task.qos.period_ns as u128) as u64;
+        utilization_ppm += (charged_ns as u128 * 1_000_000).div_ceil(task.qos.period_ns as u128) as u64;
         if utilization_ppm > 1_000_000 {
-            return Err(reject(task, RejectReason::Utilization { utilization_ppm }));
+            return Err(reject(
+                task,
+                RejectReason::Utilization {
+                    utilization_ppm,
+                    interference_ns: margins.interference_ns,
+                },
+            ));
         }
         let period = task.qos.period_ns;
         hyperperiod_ns = (hyperperiod_ns / gcd(hyperperiod_ns, period))
@@ -178,13 +209,13 @@ pub fn admit_node(tasks: &[TaskSpec], margins: Margins) -> Result<Admitted, Reje
             jobs.push(Job {
                 release_ns,
                 deadline_ns: release_ns + deadlines_effective[i],
-                compute_ns: task.compute_ns,
+                compute_ns: task.compute_ns + margins.interference_ns,
                 task: i,
             });
             k += 1;
         }
     }
-    let (windows_checked, slack_ns_min) = demand_test(tasks, &mut jobs)?;
+    let (windows_checked, slack_ns_min) = demand_test(tasks, &mut jobs, margins.interference_ns)?;
     Ok(Admitted {
         utilization_ppm,
         hyperperiod_ns,
@@ -195,7 +226,7 @@ pub fn admit_node(tasks: &[TaskSpec], margins: Margins) -> Result<Admitted, Reje
 }
 
 /// The processor-demand criterion over all (release, deadline) windows.
-fn demand_test(tasks: &[TaskSpec], jobs: &mut [Job]) -> Result<(u64, u64), Rejection> {
+fn demand_test(tasks: &[TaskSpec], jobs: &mut [Job], interference_ns: u64) -> Result<(u64, u64), Rejection> {
     jobs.sort_by_key(|j| (j.deadline_ns, j.release_ns, j.task));
     let mut starts: Vec<u64> = jobs.iter().map(|j| j.release_ns).collect();
     starts.sort_unstable();
@@ -237,6 +268,7 @@ fn demand_test(tasks: &[TaskSpec], jobs: &mut [Job]) -> Result<(u64, u64), Rejec
                         window_ns,
                         demand_ns,
                         blocking_ns,
+                        interference_ns,
                     },
                 ));
             }
@@ -314,6 +346,7 @@ mod tests {
         let margins = Margins {
             clock_error_bound_ns: 10 * US,
             release_jitter_ns: 20 * US,
+            ..Margins::default()
         };
         let r = admit_node(&table_5_1_node_a(), margins).unwrap_err();
         assert_eq!(r.task, "A user");
@@ -364,7 +397,8 @@ mod tests {
         assert!(matches!(
             r.reason,
             RejectReason::Utilization {
-                utilization_ppm: 1_100_000
+                utilization_ppm: 1_100_000,
+                ..
             }
         ));
     }
@@ -419,6 +453,13 @@ mod tests {
     /// interval (jobs released at integer µs). If admission accepts, the
     /// simulation meets every (shortened) deadline.
     fn simulate_np_edf(tasks: &[TaskSpec], margins: Margins) -> bool {
+        simulate_np_edf_delayed(tasks, margins, &mut |_| 0)
+    }
+
+    /// The same, with job `k` (in release order) delayed by `delay(k)` ns
+    /// in all: the host takes its CPU for that long once the job is due
+    /// (before it starts, or while it runs: the same to its completion).
+    fn simulate_np_edf_delayed(tasks: &[TaskSpec], margins: Margins, delay: &mut dyn FnMut(usize) -> u64) -> bool {
         let h: u64 = tasks.iter().map(|t| t.qos.period_ns).fold(1, |a, p| a / gcd(a, p) * p);
         let horizon = tasks.iter().map(|t| t.qos.release_offset_ns).max().unwrap_or(0) + 2 * h;
         let mut jobs: Vec<(u64, u64, u64)> = Vec::new();
@@ -431,6 +472,9 @@ mod tests {
             }
         }
         jobs.sort();
+        for (k, job) in jobs.iter_mut().enumerate() {
+            job.2 += delay(k);
+        }
         let mut now = 0u64;
         let mut pending: Vec<(u64, u64, u64)> = Vec::new();
         let mut next = 0;
@@ -453,6 +497,59 @@ mod tests {
         true
     }
 
+    #[test]
+    fn interference_is_charged_to_every_job_and_named_in_the_reason() {
+        // Table 5.1's node A fits with no margins; 838 µs of interference
+        // (what the run saw) does not, and the reason says so.
+        let margins = Margins {
+            clock_error_bound_ns: 10 * US,
+            release_jitter_ns: 0,
+            interference_ns: 838 * US,
+        };
+        let r = admit_node(&table_5_1_node_a(), margins).unwrap_err();
+        assert_eq!(r.task, "A user");
+        assert!(
+            matches!(
+                r.reason,
+                RejectReason::ComputeExceedsDeadline {
+                    deadline_needed_ns: 898_000,
+                    interference_ns: 838_000,
+                    ..
+                }
+            ),
+            "{r}"
+        );
+        let text = r.to_string();
+        for needle in ["'A user'", "at least 898000 ns", "interference 838000 ns measured"] {
+            assert!(text.contains(needle), "'{needle}' not in: {text}");
+        }
+        // With deadlines long enough for it, the same interference is
+        // charged in the demand: two jobs 1 ms apart each need C + I.
+        let tasks = vec![
+            task("a", 0, 5 * MS, 50 * US, 1_000 * US),
+            task("b", 100 * US, 5 * MS, 50 * US, 1_000 * US),
+        ];
+        let r = admit_node(&tasks, margins).unwrap_err();
+        assert_eq!(r.task, "b");
+        assert!(
+            matches!(
+                r.reason,
+                RejectReason::Demand {
+                    demand_ns: 1_776_000,
+                    interference_ns: 838_000,
+                    ..
+                }
+            ),
+            "{r}"
+        );
+        let spread = vec![
+            task("a", 0, 5 * MS, 50 * US, 1_000 * US),
+            task("b", 1_000 * US, 5 * MS, 50 * US, 1_000 * US),
+        ];
+        let a = admit_node(&spread, margins).unwrap();
+        assert_eq!(a.utilization_ppm, 2 * 888_000 / 5);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
         #[test]
@@ -466,17 +563,51 @@ mod tests {
                 let deadline = (d * US * 2).min(period);
                 task(&format!("t{i}"), (off * 10 * US) % period, period, (c * US).min(deadline), deadline)
             }).collect();
-            let margins = Margins { clock_error_bound_ns: 0, release_jitter_ns: jitter * US };
+            let margins = Margins { clock_error_bound_ns: 0, release_jitter_ns: jitter * US, interference_ns: 0 };
             if admit_node(&tasks, margins).is_ok() {
                 prop_assert!(simulate_np_edf(&tasks, margins));
             }
         }
 
         #[test]
+        fn accepted_sets_meet_every_deadline_when_every_job_is_delayed_by_up_to_i(
+            specs in proptest::collection::vec((0u64..10, 1u64..4, 1u64..30, 5u64..50), 1..5),
+            interference in 0u64..40,
+            jitter in 0u64..5,
+            seed in any::<u64>(),
+        ) {
+            let tasks: Vec<TaskSpec> = specs.iter().enumerate().map(|(i, &(off, p, c, d))| {
+                let period = (100 * US) << (p - 1);
+                let deadline = (d * US * 2).min(period);
+                task(&format!("t{i}"), (off * 10 * US) % period, period, (c * US).min(deadline), deadline)
+            }).collect();
+            let margins = Margins {
+                clock_error_bound_ns: 0,
+                release_jitter_ns: jitter * US,
+                interference_ns: interference * US,
+            };
+            if admit_node(&tasks, margins).is_ok() {
+                let i_ns = interference * US;
+                // Every job delayed by the whole I, by none, and by a
+                // random amount up to I (xorshift from the seed).
+                prop_assert!(simulate_np_edf_delayed(&tasks, margins, &mut |_| i_ns));
+                prop_assert!(simulate_np_edf_delayed(&tasks, margins, &mut |_| 0));
+                let mut x = seed | 1;
+                let mut random_up_to_i = |_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % (i_ns + 1)
+                };
+                prop_assert!(simulate_np_edf_delayed(&tasks, margins, &mut random_up_to_i));
+            }
+        }
+
+        #[test]
         fn admission_is_monotone_in_margins(c in 1u64..70, d in 70u64..100, j in 0u64..100) {
             let tasks = vec![task("t", 0, MS, c * US, d * US)];
-            let small = Margins { clock_error_bound_ns: 0, release_jitter_ns: j * US / 2 };
-            let big = Margins { clock_error_bound_ns: 0, release_jitter_ns: j * US };
+            let small = Margins { clock_error_bound_ns: 0, release_jitter_ns: j * US / 2, interference_ns: j * US / 4 };
+            let big = Margins { clock_error_bound_ns: 0, release_jitter_ns: j * US, interference_ns: j * US / 2 };
             if admit_node(&tasks, big).is_ok() {
                 prop_assert!(admit_node(&tasks, small).is_ok());
             }

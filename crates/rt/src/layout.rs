@@ -27,8 +27,9 @@
 
 use spindle_sst::layout::{BytesColumn, LayoutBuilder, RowLayout, U64Column, U64VectorColumn};
 
-/// Bytes of the rejection text in the commit block.
-pub const REASON_BYTES_MAX: usize = 192;
+/// Bytes of the rejection text in the commit block (room for a reason
+/// that names the task, the deadline it needed and every margin).
+pub const REASON_BYTES_MAX: usize = 320;
 /// Slot header and per-message header sizes.
 pub const SLOT_HEADER_BYTES: usize = 16;
 pub const MESSAGE_HEADER_BYTES: usize = 16;

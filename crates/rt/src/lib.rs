@@ -32,7 +32,7 @@
 //! ];
 //! assert!(admit_node(&node_a, Margins::default()).is_ok());
 //! // 30 µs of clock bound + release jitter leave 45 µs for a 50 µs task:
-//! let margins = Margins { clock_error_bound_ns: 10_000, release_jitter_ns: 20_000 };
+//! let margins = Margins { clock_error_bound_ns: 10_000, release_jitter_ns: 20_000, interference_ns: 0 };
 //! let rejection = admit_node(&node_a, margins).unwrap_err();
 //! assert_eq!(rejection.task, "A user");
 //! println!("{rejection}");
@@ -52,6 +52,7 @@ pub mod buffers;
 pub mod clock;
 pub mod clock_service;
 pub mod dispatch;
+pub mod interference;
 pub mod layout;
 pub mod node;
 pub mod os;
@@ -65,4 +66,5 @@ pub use admission::{admit_node, Admitted, Margins, RejectReason, Rejection};
 pub use buffers::{BufferPool, IteratorPolicy};
 pub use clock::{ClockEstimator, InjectedClock, Interval};
 pub use dispatch::{DispatchCore, Poll};
+pub use interference::{AdmissionMode, InterferenceReport};
 pub use qos::{TaskKind, TaskSpec, TimeQos};

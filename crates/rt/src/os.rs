@@ -99,6 +99,9 @@ pub struct Wake {
     /// interrupt, a higher-priority thread, the hypervisor). A window at
     /// least this long would have kept this release on time. `None`: no sleep.
     pub settled_ns: Option<u64>,
+    /// The longest gap between two clock reads of the spin (how long the
+    /// thread lost its CPU at once while spinning; interference).
+    pub gap_max_ns: u64,
 }
 
 /// A gap between two clock reads of the spin loop longer than this means
@@ -135,9 +138,12 @@ pub fn sleep_until_measured(target_mono_ns: u64, spin_ns: u64) -> Wake {
     }
     let mut resumed = overshoot.map(|o| wake_ns + o);
     let mut prev = monotonic_ns();
+    let mut gap_max_ns = 0;
     loop {
         let now = monotonic_ns();
-        if now - prev > SPIN_GAP_NS && resumed.is_some() {
+        let gap = now - prev;
+        gap_max_ns = gap_max_ns.max(gap);
+        if gap > SPIN_GAP_NS && resumed.is_some() {
             resumed = Some(now);
         }
         if now >= target_mono_ns {
@@ -145,7 +151,48 @@ pub fn sleep_until_measured(target_mono_ns: u64, spin_ns: u64) -> Wake {
                 late_ns: now - target_mono_ns,
                 overshoot_ns: overshoot,
                 settled_ns: resumed.map(|r| r - wake_ns),
+                gap_max_ns,
             };
+        }
+        prev = now;
+        std::hint::spin_loop();
+    }
+}
+
+/// Gaps between two clock reads shorter than this are the loop itself
+/// (a clock read is tens of ns); longer ones are time the thread lost.
+pub const GAP_COUNTED_NS: u64 = 1_000;
+
+/// What one stall-detector spin saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gaps {
+    /// Time lost to gaps over [`GAP_COUNTED_NS`], in all.
+    pub lost_ns: u64,
+    /// The longest single gap.
+    pub gap_max_ns: u64,
+    /// How many gaps over [`GAP_COUNTED_NS`].
+    pub gaps: u64,
+}
+
+/// The stall detector: spin reading `CLOCK_MONOTONIC` for `duration_ns`
+/// and record every gap between two reads (the thread lost its CPU: an
+/// interrupt, a higher-priority thread, the hypervisor). A gap that runs
+/// past the end is counted whole.
+pub fn spin_for_gaps(duration_ns: u64) -> Gaps {
+    let start = monotonic_ns();
+    let end = start.saturating_add(duration_ns);
+    let mut out = Gaps::default();
+    let mut prev = start;
+    loop {
+        let now = monotonic_ns();
+        let gap = now - prev;
+        if gap > GAP_COUNTED_NS {
+            out.lost_ns += gap;
+            out.gaps += 1;
+            out.gap_max_ns = out.gap_max_ns.max(gap);
+        }
+        if now >= end {
+            return out;
         }
         prev = now;
         std::hint::spin_loop();
@@ -240,6 +287,15 @@ mod tests {
             w.settled_ns >= w.overshoot_ns && w.overshoot_ns.is_some(),
             "it slept: {w:?}"
         );
+    }
+
+    #[test]
+    fn the_stall_detector_spins_its_duration_and_counts_only_long_gaps() {
+        let start = monotonic_ns();
+        let g = spin_for_gaps(300_000);
+        assert!(monotonic_ns() - start >= 300_000);
+        assert!(g.gap_max_ns <= g.lost_ns || g.gaps == 0, "{g:?}");
+        assert!(g.lost_ns == 0 || g.gap_max_ns > GAP_COUNTED_NS, "{g:?}");
     }
 
     #[test]

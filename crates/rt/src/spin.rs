@@ -56,14 +56,14 @@ const RETUNE_EVERY: u32 = 8;
 
 /// Histogram buckets: 8 exact ones below 8 ns, then 8 per power of two
 /// (12.5 % wide) up to 2^34 ns (17 s; larger values land in the last).
-const BUCKETS: usize = 8 + 32 * 8;
+pub(crate) const BUCKETS: usize = 8 + 32 * 8;
 
 /// The cap for a node whose shortest task period is `period_min_ns`.
 pub fn spin_cap_ns(period_min_ns: u64) -> u64 {
     (period_min_ns / SPIN_CAP_DIVISOR).clamp(SPIN_MIN_NS, SPIN_MAX_NS)
 }
 
-fn bucket_of(v: u64) -> usize {
+pub(crate) fn bucket_of(v: u64) -> usize {
     if v < 8 {
         return v as usize;
     }
@@ -73,7 +73,7 @@ fn bucket_of(v: u64) -> usize {
 }
 
 /// The largest value that falls in bucket `i`.
-fn bucket_upper(i: usize) -> u64 {
+pub(crate) fn bucket_upper(i: usize) -> u64 {
     if i < 8 {
         return i as u64;
     }
@@ -416,6 +416,7 @@ mod tests {
             late_ns: 0,
             overshoot_ns: Some(overshoot),
             settled_ns: Some(settled),
+            gap_max_ns: 0,
         };
         assert_eq!(learnable_ns(&wake(30_000, 400_000)), Some(400_000));
         assert_eq!(learnable_ns(&wake(30_000, 3_000_000)), Some(30_000 + SETTLE_HORIZON_NS));
@@ -423,6 +424,7 @@ mod tests {
             late_ns: 5,
             overshoot_ns: None,
             settled_ns: None,
+            gap_max_ns: 0,
         };
         assert_eq!(learnable_ns(&no_sleep), None);
     }

@@ -142,6 +142,55 @@ fn a_rejection_in_the_admission_phase_names_the_node_the_task_and_the_reason_eve
 }
 
 #[test]
+fn interference_measured_on_one_node_rejects_the_commit_everywhere_with_task_bound_and_interference() {
+    let results = members("rt-reject-interference", 2, |rank, node| {
+        // The same feasible task on both nodes; node 1's host was seen
+        // taking the CPU for 838 µs, more than the 1 ms deadline leaves.
+        node.register_computation(task(&format!("n{rank} user"), 0, 50 * US, MS), Box::new(|_| {}))
+            .unwrap();
+        let interference_ns = if rank == 1 { 838 * US } else { 0 };
+        node.set_admission(spindle_rt::AdmissionMode::WorstCase, interference_ns);
+        (node.commit(&config(3)).map(|_| ()), node.is_committed())
+    });
+    for (rank, (result, committed)) in results.iter().enumerate() {
+        let Err(CommitError::Rejected { node, reason }) = result else {
+            panic!("rank {rank}: expected a rejection, got {result:?}");
+        };
+        assert_eq!(*node, 1, "rank {rank}");
+        // 50 µs + 838 µs + the 500 µs clock budget.
+        for needle in [
+            "task 'n1 user'",
+            "at least 1388000 ns",
+            "interference 838000 ns measured",
+        ] {
+            assert!(reason.contains(needle), "rank {rank}: '{needle}' not in: {reason}");
+        }
+        assert!(!committed, "rank {rank} never activated");
+    }
+}
+
+#[test]
+fn members_admitting_in_different_modes_do_not_commit() {
+    let results = members("rt-mode-mismatch", 2, |rank, node| {
+        node.register_computation(task(&format!("n{rank} user"), 0, 50 * US, 2 * MS), Box::new(|_| {}))
+            .unwrap();
+        let mode = if rank == 0 {
+            spindle_rt::AdmissionMode::WorstCase
+        } else {
+            spindle_rt::AdmissionMode::Statistical { miss_budget: 1e-4 }
+        };
+        node.set_admission(mode, 0);
+        node.commit(&config(3)).map(|_| ())
+    });
+    for (rank, result) in results.iter().enumerate() {
+        assert!(
+            matches!(result, Err(CommitError::Mismatch { .. })),
+            "rank {rank}: {result:?}"
+        );
+    }
+}
+
+#[test]
 fn the_watchdog_reports_a_job_at_its_critical_start_while_the_dispatcher_is_stalled() {
     let out = members("rt-watchdog", 1, |_, node| {
         let reported = Arc::new(AtomicBool::new(false));
@@ -179,6 +228,7 @@ fn the_watchdog_reports_a_job_at_its_critical_start_while_the_dispatcher_is_stal
         let by_watchdog: Arc<Mutex<Vec<(MissReport, bool)>>> = Arc::default();
         let (log, r, over) = (by_watchdog.clone(), reported.clone(), stall_over.clone());
         node.set_watchdog(Some(WatchdogConfig {
+            on_interference: None,
             on_miss: Arc::new(move |m| {
                 log.lock().unwrap().push((m.clone(), over.load(Ordering::Acquire)));
                 r.store(true, Ordering::Release);

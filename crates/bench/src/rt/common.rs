@@ -9,7 +9,8 @@ use crate::rt::scenario::{
     MemberReport, NodeClockSpec, RunReport, Scenario, ScenarioSpec, StageSpec, Summary, TransportSpec,
 };
 use serde::Serialize;
-use spindle_rt::node::calibrate_release_jitter;
+use spindle_rt::interference::AdmissionMode;
+use spindle_rt::node::{calibrate_host, CalibrationPlan, CALIBRATION_NS_MAX, INTERFERENCE_PROBE_NS};
 use spindle_rt::os::{drop_rt_priority, request_rt_privileges};
 use spindle_rt::spin::{calibrate_spin, spin_cap_ns, SpinReport};
 
@@ -62,6 +63,17 @@ pub(super) fn check_common(common: &CommonArgs) -> Result<(), String> {
     if let Some(spin) = common.spin_us.filter(|s| *s > 10_000) {
         return Err(format!("--spin-us {spin} must be at most 10000"));
     }
+    if common.calibration_ms > CALIBRATION_NS_MAX / MS {
+        return Err(format!(
+            "--calibration-ms {} must be at most {}",
+            common.calibration_ms,
+            CALIBRATION_NS_MAX / MS
+        ));
+    }
+    if let Some(i) = common.declared_interference_us.filter(|i| *i > 1_000_000) {
+        return Err(format!("--declared-interference-us {i} must be at most 1000000"));
+    }
+    AdmissionMode::parse(&common.admission, common.miss_budget)?;
     Ok(())
 }
 
@@ -113,6 +125,9 @@ pub(super) fn base_spec(scenario: Scenario, common: &CommonArgs, members: usize)
         best_effort_quota: 2,
         transport: transport_of(common, members)?,
         watchdog: !common.no_watchdog,
+        admission: AdmissionMode::parse(&common.admission, common.miss_budget)?,
+        calibration_ns: common.calibration_ms * MS,
+        interference_declared_ns: common.declared_interference_us.map(|i| i * US),
     })
 }
 
@@ -267,12 +282,29 @@ pub(super) fn spawn_and_wait(spec: &ScenarioSpec, timeout: Duration) -> Result<(
     Ok(procs.wait_all(timeout, Duration::from_secs(5), Duration::from_millis(100), &mut || {})?)
 }
 
-/// Release jitter of this machine, measured here (with SCHED_FIFO when
-/// asked and permitted) to choose default parameters. Without
-/// `--spin-us`, the spin window is first tuned from 1 ms sleeps (capped
-/// at 1 ms, as for a 16 ms period); the text says which window was used.
-pub(super) fn calibrate_here(common: &CommonArgs) -> (Summary, String) {
-    let (fifo, samples, spin) = (!common.no_fifo, common.jitter_samples.max(2_000), common.spin_us);
+/// What the launcher measured here to choose default parameters.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Here {
+    /// Wake-up lateness (release jitter) and lost time (interference).
+    pub(super) jitter: Summary,
+    pub(super) lost: Summary,
+    /// The margins the admission mode takes from them.
+    pub(super) jitter_margin_ns: u64,
+    pub(super) interference_margin_ns: u64,
+    pub(super) duration_ns: u64,
+    /// Privileges and spin window, as text.
+    pub(super) text: String,
+}
+
+/// Release jitter and interference of this machine, measured here (with
+/// SCHED_FIFO when asked and permitted) over `--calibration-ms` to choose
+/// default parameters, as the members will (`calibrate_host`). Without
+/// `--spin-us`, the spin window is first tuned from 1 ms sleeps (capped at
+/// 1 ms, as for a 16 ms period); the text says which window was used.
+pub(super) fn calibrate_here(common: &CommonArgs) -> Result<Here, String> {
+    let mode = AdmissionMode::parse(&common.admission, common.miss_budget)?;
+    let (fifo, samples, spin) = (!common.no_fifo, common.jitter_samples, common.spin_us);
+    let duration_ns = common.calibration_ms * MS;
     std::thread::spawn(move || {
         let p = request_rt_privileges(fifo, 80, false);
         let (window, how) = match spin {
@@ -283,12 +315,26 @@ pub(super) fn calibrate_here(common: &CommonArgs) -> (Summary, String) {
             }
         };
         // Wake-ups at least 4 spin windows apart (as the members calibrate).
-        let j = calibrate_release_jitter(samples, (4 * window).max(MS), window);
+        let host = calibrate_host(CalibrationPlan {
+            wakeups_min: samples,
+            duration_ns,
+            gap_ns: (4 * window).max(MS),
+            spin_ns: window,
+            probe_ns: INTERFERENCE_PROBE_NS,
+            phase_ns: 0,
+        });
         drop_rt_priority();
-        (Summary::of(&j), format!("{}; {how}", p.describe()))
+        Here {
+            jitter: Summary::of(&host.release_jitter_ns),
+            lost: Summary::of(&host.lost_ns),
+            jitter_margin_ns: mode.margin_ns(&host.release_jitter_ns),
+            interference_margin_ns: mode.margin_ns(&host.lost_ns),
+            duration_ns: host.duration_ns,
+            text: format!("{}; {how}", p.describe()),
+        }
     })
     .join()
-    .unwrap_or_default()
+    .map_err(|_| "the calibrating thread panicked".to_string())
 }
 
 pub(super) fn write_json<T: Serialize>(path: &Option<PathBuf>, value: &T) -> Result<(), String> {
@@ -318,6 +364,11 @@ pub(super) struct NodeRow {
     pub(super) privileges: String,
     pub(super) fifo_granted: bool,
     pub(super) calibration_jitter_ns: Summary,
+    /// The host's interference: calibrated, admitted, seen in the run.
+    pub(super) interference: spindle_rt::interference::InterferenceReport,
+    pub(super) interference_log: Vec<String>,
+    /// The commit was rejected (nothing ran): why.
+    pub(super) rejected_at_commit: Option<String>,
     /// How the node's spin window was chosen.
     pub(super) spin: SpinReport,
     /// The widest spin window used in the run, and the mean.
@@ -353,6 +404,9 @@ pub(super) fn node_row(r: &MemberReport, run: &RunReport) -> NodeRow {
         privileges: r.privileges.clone(),
         fifo_granted: r.fifo_granted,
         calibration_jitter_ns: r.calibration_jitter_ns,
+        interference: r.interference,
+        interference_log: run.interference_log.clone(),
+        rejected_at_commit: run.rejected_at_commit.clone(),
         spin: r.spin,
         spin_window_max_ns: run.spin_window_max_ns,
         spin_window_mean_ns: run.spin_window_mean_ns,

@@ -45,6 +45,11 @@ struct CompareRow {
     best_effort_first_us: Vec<u64>,
     best_effort_dropped: u64,
     late: u64,
+    /// Admission's verdict for this period on each node (sender, receiver):
+    /// `admitted: …`, `REJECTED (run forced): …` or the commit's rejection.
+    admission: Vec<String>,
+    /// Rejected at commit (without --force): nothing ran at this period.
+    rejected_at_commit: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -104,15 +109,22 @@ pub(super) fn compare(args: CompareArgs) -> Result<(), String> {
             best_effort_first_us: first(&r.latency_best_effort_ns),
             best_effort_dropped: s.best_effort_dropped,
             late: s.counters.missed_early + s.counters.overruns + r.counters.missed_early + r.counters.overruns,
+            admission: vec![s.admission.clone(), r.admission.clone()],
+            rejected_at_commit: s.rejected_at_commit.clone().or(r.rejected_at_commit.clone()),
         });
     }
     println!(
-        "{:>7} {:>6} │ {:>9} {:>9} {:>9} │ {:>9} {:>9} {:>9} │ {:>4}",
+        "{:>7} {:>6} │ {:>9} {:>9} {:>9} │ {:>9} {:>9} {:>9} │ {:>4} │ admission",
         "period", "bytes", "TB p50", "TB p99", "TB max", "BE p50", "BE p99", "BE max", "late"
     );
     for r in &rows {
+        let verdict = match &r.rejected_at_commit {
+            Some(_) => "rejected at commit (nothing ran)",
+            None if r.admission.iter().all(|a| a.starts_with("admitted")) => "admitted",
+            None => "REJECTED, run forced",
+        };
         println!(
-            "{:>7} {:>6} │ {:>9} {:>9} {:>9} │ {:>9} {:>9} {:>9} │ {:>4}",
+            "{:>7} {:>6} │ {:>9} {:>9} {:>9} │ {:>9} {:>9} {:>9} │ {:>4} │ {verdict}",
             r.period_ns / US,
             r.size,
             r.time_based_latency_ns.p50 / US,
@@ -125,6 +137,13 @@ pub(super) fn compare(args: CompareArgs) -> Result<(), String> {
         );
     }
     println!("(µs; TB = time-based, BE = best-effort)");
+    for r in rows
+        .iter()
+        .filter(|r| r.rejected_at_commit.is_some() || !r.admission.iter().all(|a| a.starts_with("admitted")))
+    {
+        let why = r.rejected_at_commit.clone().unwrap_or_else(|| r.admission.join(" | "));
+        println!("  period {} µs, {} B: {why}", r.period_ns / US, r.size);
+    }
     if let Some(r) = rows.iter().find(|r| r.period_ns == 5 * MS).or(rows.last()) {
         println!(
             "first 10 messages at period {} µs, {} B (like Table 5.3): BE {:?} µs, TB {:?} µs",

@@ -80,6 +80,24 @@ pub struct CommonArgs {
     /// Declare the release jitter (µs) instead of using the calibrated maximum.
     #[arg(long)]
     pub declared_jitter_us: Option<u64>,
+    /// How admission uses each member's calibration: `worst-case` (the
+    /// largest release jitter and interference seen: a set it accepts does
+    /// not miss unless the host does worse than during the calibration,
+    /// which the run reports) or `statistical` (their 1 − miss-budget
+    /// quantiles, with --miss-budget; the run reports its miss rate against it).
+    #[arg(long, default_value = "worst-case")]
+    pub admission: String,
+    /// With `--admission statistical`: the fraction of jobs that may miss (e.g. 1e-4).
+    #[arg(long)]
+    pub miss_budget: Option<f64>,
+    /// How long each member calibrates its host before commit (ms; at least
+    /// --jitter-samples wake-ups): wake-ups, each followed by a stall
+    /// detector spin, to learn the host's interference.
+    #[arg(long, default_value_t = 5_000)]
+    pub calibration_ms: u64,
+    /// Declare the interference (µs) instead of using the calibrated one.
+    #[arg(long)]
+    pub declared_interference_us: Option<u64>,
     /// Injected clock offsets per node (µs, comma-separated; node 0 is the master).
     #[arg(long, default_value = "0,1500,-800")]
     pub offset_us: String,

@@ -27,9 +27,10 @@ pub struct RingArgs {
     #[arg(long)]
     pub period_us: Option<u64>,
     /// Task parameters: `default` (every deadline = user compute + clock
-    /// budget + 1.5 × the release jitter measured here, the period the
-    /// 9 tasks then need, unless --period-us/--deadline-us are given) or
-    /// `table-5.1` (the thesis's exact values; runs even if rejected).
+    /// budget + 3 × (release jitter + interference) measured here over
+    /// --calibration-ms, the period the 9 tasks then need, unless
+    /// --period-us/--deadline-us are given) or `table-5.1` (the thesis's
+    /// exact values; runs even if rejected).
     #[arg(long, default_value = "default")]
     pub params: String,
     /// Deadline of every task (µs) for `default` (default: the largest that fits).
@@ -58,6 +59,21 @@ struct RingReport {
     periods: u64,
     size: usize,
     period_ns: u64,
+    /// `worst-case` or `statistical`, and the miss budget (0: worst case).
+    admission_mode: String,
+    miss_budget: f64,
+    /// `rejected at commit`, or `ran`.
+    outcome: String,
+    /// Why admission rejected the set at commit (node, task, the bound it
+    /// needed, the interference measured); nothing ran.
+    rejected_at_commit: Option<String>,
+    /// Jobs released on all nodes, and (missed + late) / jobs.
+    jobs: u64,
+    miss_rate: f64,
+    /// Statistical admission: whether the miss rate stayed within the budget.
+    within_budget: Option<bool>,
+    /// Some node saw more interference during the run than admission assumed.
+    interference_exceeded: bool,
     /// The application did not have its message when it ran (or its job was dropped).
     missed: u64,
     /// Jobs dropped at their critical start or finished after their deadline.
@@ -112,16 +128,31 @@ pub(super) fn ring(args: RingArgs) -> Result<(), String> {
     }
     let mut spec = base_spec(Scenario::Ring, &args.common, 3)?;
     let eps = spec.clock_bound_budget_ns;
-    let (here, privileges) = calibrate_here(&args.common);
+    let here = calibrate_here(&args.common)?;
     let mut period_ns = args.period_us.unwrap_or(5_000) * US;
     let (stages, params, force) = match args.params.as_str() {
         "default" => {
-            let jitter_ns = args.common.declared_jitter_us.map(|j| j * US).unwrap_or(here.max);
-            let from_jitter = (args.user_compute_us * US + eps + jitter_ns * 3 / 2).next_multiple_of(100 * US);
+            let jitter_ns = args
+                .common
+                .declared_jitter_us
+                .map(|j| j * US)
+                .unwrap_or(here.jitter_margin_ns);
+            let interference_ns = args
+                .common
+                .declared_interference_us
+                .map(|i| i * US)
+                .unwrap_or(here.interference_margin_ns);
+            // Room for the members' own calibrations (and the run) to see
+            // up to three times what this one saw before admission rejects.
+            let from_host = (args.user_compute_us * US + eps + DEFAULT_HEADROOM * (jitter_ns + interference_ns))
+                .next_multiple_of(100 * US);
+            // Bounded: a host that stalled for tens of ms would otherwise ask
+            // for a period of seconds; the members' admission then judges
+            // the largest deadline that fits the longest default period.
             let d = match (args.deadline_us, args.period_us) {
                 (Some(d), _) => d * US,
                 (None, Some(_)) => largest_deadline_ns(&[0, 1, 2], true, period_ns, eps),
-                (None, None) => from_jitter,
+                (None, None) => from_host.min(largest_deadline_ns(&[0, 1, 2], true, DEFAULT_PERIOD_MAX_NS, eps)),
             };
             if args.period_us.is_none() {
                 let span = pipeline_span_ns(&pipeline(&[0, 1, 2], true, d, 1, 1, eps));
@@ -156,8 +187,21 @@ pub(super) fn ring(args: RingArgs) -> Result<(), String> {
         if force { " (runs even if admission rejects)" } else { "" }
     );
     println!(
-        "this machine: release jitter p50 {} ns, p99 {} ns, max {} ns over {} wake-ups ({privileges})",
-        here.p50, here.p99, here.max, here.samples
+        "this machine ({:.1} s, {} wake-ups): release jitter p50 {} ns, p99 {} ns, max {} ns; interference (time lost per wake-up and probe) p50 {} ns, p99 {} ns, max {} ns ({})",
+        here.duration_ns as f64 / 1e9,
+        here.jitter.samples,
+        here.jitter.p50,
+        here.jitter.p99,
+        here.jitter.max,
+        here.lost.p50,
+        here.lost.p99,
+        here.lost.max,
+        here.text
+    );
+    println!(
+        "admission: {}; each member calibrates its own host for {} ms first",
+        spec.admission.describe(),
+        args.common.calibration_ms
     );
     println!("task parameters (µs):");
     println!(
@@ -180,14 +224,29 @@ pub(super) fn ring(args: RingArgs) -> Result<(), String> {
     let report = ring_report(&spec, &params, &reports);
     print_ring(&report);
     write_json(&args.common.json, &report)?;
+    if let Some(reason) = &report.rejected_at_commit {
+        return Err(format!("admission rejected the ring at commit, nothing ran: {reason}"));
+    }
     if let Some(path) = &args.common.plot {
         plot_ring(path, &report)?;
     }
     Ok(())
 }
 
+/// The default deadline leaves room for this many times the release
+/// jitter and interference the launcher measured.
+const DEFAULT_HEADROOM: u64 = 3;
+/// The longest period the default parameters choose (5,000 periods: 4 min).
+const DEFAULT_PERIOD_MAX_NS: u64 = 50 * MS;
+
 fn ring_report(spec: &ScenarioSpec, params: &str, reports: &[MemberReport]) -> RingReport {
     let runs: Vec<&RunReport> = reports.iter().map(|r| &r.runs[0]).collect();
+    let rejected_at_commit = runs.iter().find_map(|r| r.rejected_at_commit.clone());
+    let missed: u64 = runs.iter().map(|r| r.app_missed + r.user_jobs_missed).sum();
+    let late: u64 = runs.iter().map(|r| r.counters.missed_early + r.counters.overruns).sum();
+    let jobs: u64 = runs.iter().map(|r| r.counters.released).sum();
+    let miss_rate = (missed + late) as f64 / jobs.max(1) as f64;
+    let miss_budget = spec.admission.miss_budget();
     let (mut all, mut jitter, mut hop_p50, mut series) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for n in 0..3 {
         let hop = hop_latencies(runs[n], runs[(n + 1) % 3]);
@@ -198,7 +257,7 @@ fn ring_report(spec: &ScenarioSpec, params: &str, reports: &[MemberReport]) -> R
         }
         all.extend(hop);
     }
-    let tasks = reports
+    let mut tasks: Vec<TaskRow> = reports
         .iter()
         .flat_map(|r| {
             r.runs[0].tasks.iter().map(move |(name, o, p, c, d)| TaskRow {
@@ -211,16 +270,47 @@ fn ring_report(spec: &ScenarioSpec, params: &str, reports: &[MemberReport]) -> R
             })
         })
         .collect();
+    if tasks.is_empty() {
+        // Rejected at commit: the tasks as declared.
+        tasks = spec
+            .stages
+            .iter()
+            .map(|s| TaskRow {
+                node: s.node,
+                name: s.kind.clone(),
+                offset_ns: s.offset_ns,
+                period_ns: spec.period_ns[0],
+                compute_ns: s.compute_ns,
+                deadline_ns: s.deadline_ns,
+            })
+            .collect();
+    }
     RingReport {
         params: params.to_string(),
         transport: transport_label(spec),
         periods: spec.periods,
         size: spec.sizes[0],
         period_ns: spec.period_ns[0],
-        missed: runs.iter().map(|r| r.app_missed + r.user_jobs_missed).sum(),
-        late: runs.iter().map(|r| r.counters.missed_early + r.counters.overruns).sum(),
-        admitted: runs[0].verdicts.iter().all(|v| v.is_none()),
-        verdicts: runs[0].verdicts.clone(),
+        admission_mode: if miss_budget > 0.0 { "statistical" } else { "worst-case" }.into(),
+        miss_budget,
+        outcome: if rejected_at_commit.is_some() {
+            "rejected at commit".into()
+        } else {
+            "ran".into()
+        },
+        jobs,
+        miss_rate,
+        within_budget: (miss_budget > 0.0 && rejected_at_commit.is_none()).then_some(miss_rate <= miss_budget),
+        interference_exceeded: reports.iter().any(|r| r.interference.exceeded()),
+        missed,
+        late,
+        admitted: rejected_at_commit.is_none() && runs[0].verdicts.iter().all(|v| v.is_none()),
+        verdicts: if rejected_at_commit.is_some() {
+            vec![rejected_at_commit.clone()]
+        } else {
+            runs[0].verdicts.clone()
+        },
+        rejected_at_commit,
         latency_ns: Summary::of(&all),
         jitter_ns: Summary::of(&jitter),
         release_jitter_ns: worst(runs.iter().map(|r| r.release_jitter_ns)),
@@ -236,6 +326,13 @@ fn ring_report(spec: &ScenarioSpec, params: &str, reports: &[MemberReport]) -> R
 }
 
 fn print_ring(r: &RingReport) {
+    if let Some(reason) = &r.rejected_at_commit {
+        println!("admission: REJECTED at commit, nothing ran: {reason}");
+        for n in &r.nodes {
+            println!("node {}: {}", ["A", "B", "C"][n.node], n.interference.describe());
+        }
+        return;
+    }
     println!(
         "admission: {}",
         if r.admitted {
@@ -286,9 +383,24 @@ fn print_ring(r: &RingReport) {
             n.late_wakes_no_sleep
         );
     }
+    for n in &r.nodes {
+        println!("node {}: {}", ["A", "B", "C"][n.node], n.interference.describe());
+        for line in n.interference_log.iter().take(3) {
+            println!("  watchdog: {line}");
+        }
+    }
     println!(
         "periods {}  missed {}  late {}  (messages the application did not have / jobs dropped or overrun)",
         r.periods, r.missed, r.late
+    );
+    let budget = match r.within_budget {
+        Some(true) => format!(" — within the miss budget {:e}", r.miss_budget),
+        Some(false) => format!(" — OVER the miss budget {:e}", r.miss_budget),
+        None => String::new(),
+    };
+    println!(
+        "miss rate {:.2e} ((missed + late) / {} jobs){budget}",
+        r.miss_rate, r.jobs
     );
     println!(
         "hop latency (ns): p50 {} p99 {} max {}   jitter: p50 {} p99 {} max {}",

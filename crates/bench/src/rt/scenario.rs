@@ -27,15 +27,16 @@ use spindle_runtime::monotonic_ns;
 use spindle_rt::buffers::IteratorPolicy;
 use spindle_rt::clock::InjectedClock;
 use spindle_rt::clock_service::{ClockService, ClockServiceConfig, GlobalClock};
+use spindle_rt::interference::{AdmissionMode, InterferenceReport};
 use spindle_rt::layout::RtLayout;
 use spindle_rt::node::{
-    calibrate_release_jitter, layout_for, measure_channel_compute_ns, ChannelKind, ChannelSpec, CommitConfig, MissKind,
-    MissReport, RtNode, RunCounters, RunStats,
+    calibrate_host, layout_for, measure_channel_compute_ns, CalibrationPlan, ChannelKind, ChannelSpec, CommitConfig,
+    CommitError, MissKind, MissReport, RtNode, RunCounters, RunStats, INTERFERENCE_PROBE_NS,
 };
 use spindle_rt::os::{drop_rt_priority, enter_netns, raise_threads_named, request_rt_privileges};
 use spindle_rt::qos::{TaskKind, TaskSpec, TimeQos};
 use spindle_rt::spin::{calibrate_spin, spin_cap_ns, SpinPolicy, SpinReport};
-use spindle_rt::watchdog::WatchdogConfig;
+use spindle_rt::watchdog::{InterferenceExceeded, WatchdogConfig};
 
 /// Which measurement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -178,6 +179,17 @@ pub struct ScenarioSpec {
     /// Run a watchdog next to each dispatcher (see [`spindle_rt::watchdog`]).
     #[serde(default = "yes")]
     pub watchdog: bool,
+    /// How admission turns each member's calibration into margins.
+    #[serde(default)]
+    pub admission: AdmissionMode,
+    /// How long each member calibrates its host before commit (at least
+    /// `jitter_samples` wake-ups; see [`spindle_rt::interference`]).
+    #[serde(default)]
+    pub calibration_ns: u64,
+    /// Declared interference for admission instead of the calibrated one
+    /// (tests, and runs that want to show what a declared figure does).
+    #[serde(default)]
+    pub interference_declared_ns: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -252,6 +264,15 @@ pub struct RunReport {
     pub counters: RunCounters,
     /// Misses as reported through the callback (first 32).
     pub miss_log: Vec<String>,
+    /// The commit was rejected by admission (the error, naming the node,
+    /// the task, the bound it needed and the interference measured);
+    /// nothing ran.
+    #[serde(default)]
+    pub rejected_at_commit: Option<String>,
+    /// The watchdog's reports that the run's interference exceeded what
+    /// admission assumed (first 16).
+    #[serde(default)]
+    pub interference_log: Vec<String>,
 }
 
 /// One clock sample: host time since start, error of the midpoint against
@@ -271,6 +292,9 @@ pub struct MemberReport {
     pub privileges: String,
     pub fifo_granted: bool,
     pub calibration_jitter_ns: Summary,
+    /// The host's interference: calibrated, admitted, seen in the run.
+    #[serde(default)]
+    pub interference: InterferenceReport,
     /// How the spin window was chosen (and the calibration it came from).
     #[serde(default)]
     pub spin: SpinReport,
@@ -499,16 +523,29 @@ fn run_channels<F: Fabric>(
     let spin = choose_spin(spec, rank);
     report.spin = spin.1;
     let spin = spin.0;
-    // The release jitter admission uses, measured with the window the run
-    // starts with (an auto window never goes below it). Wake-ups at least
-    // 4 spin windows apart: a window as long as the period would spin
-    // without end (and be throttled).
-    let window = spin.window_ns();
-    let calibration = calibrate_release_jitter(spec.jitter_samples, (4 * window).max(1_000_000), window);
-    report.calibration_jitter_ns = Summary::of(&calibration);
+    // The release jitter and the interference admission uses, measured
+    // with the window the run starts with (an auto window never goes below
+    // it), over seconds (`calibration_ns`): long enough to see the host's
+    // preemptions, not only its wake-ups (see `calibration_plan`).
+    let host = calibrate_host(calibration_plan(spec, rank, &spin));
+    report.calibration_jitter_ns = Summary::of(&host.release_jitter_ns);
     let jitter_ns = spec
         .release_jitter_declared_ns
-        .unwrap_or(report.calibration_jitter_ns.max);
+        .unwrap_or(spec.admission.margin_ns(&host.release_jitter_ns));
+    let interference_ns = spec
+        .interference_declared_ns
+        .unwrap_or(spec.admission.margin_ns(&host.lost_ns));
+    let lost = Summary::of(&host.lost_ns);
+    report.interference = InterferenceReport {
+        calibration_ns: host.duration_ns,
+        wakeups: host.lost_ns.len() as u64,
+        lost_p99_ns: lost.p99,
+        lost_max_ns: lost.max,
+        gap_max_ns: host.gap_max_ns,
+        release_jitter_admitted_ns: jitter_ns,
+        interference_admitted_ns: interference_ns,
+        ..InterferenceReport::default()
+    };
     let outcome = synced.and_then(|bound| {
         report.clock_bound_ns_at_commit = bound;
         let combos: Vec<(usize, usize)> = match spec.scenario {
@@ -520,16 +557,53 @@ fn run_channels<F: Fabric>(
         for (period_index, size) in combos {
             let channels = channels_of(spec, period_index)?;
             let mut node = RtNode::new(fabric.clone(), layout.clone(), service.clock().clone(), channels)?;
+            node.set_admission(spec.admission, interference_ns);
             let run = match spec.scenario {
                 Scenario::Compare => compare_run(spec, rank, &mut node, period_index, size, jitter_ns, &spin)?,
                 _ => pipeline_run(spec, rank, &mut node, size, jitter_ns, &spin)?,
             };
+            let r = &mut report.interference;
+            r.run_gap_max_ns = r.run_gap_max_ns.max(run.counters.interference_lost_max_ns);
+            r.run_release_late_max_ns = r.run_release_late_max_ns.max(run.counters.release_late_max_ns);
+            r.run_over_admitted += run.counters.interference_over_admitted;
             report.runs.push(run);
         }
         Ok(())
     });
     drop_rt_priority();
     outcome
+}
+
+/// How this member calibrates its host: wake-ups at least 4 spin windows
+/// and 1 ms apart; on one host (shm) the members take turns (phase `rank ×
+/// gap / members`, each turn twice as long as the widest window any member
+/// may use plus the probe), so that their spins never overlap and the
+/// members together spin at most half of one CPU: no more than the
+/// dispatchers will (a calibration that loads the host more than the run
+/// measures its own load: on the 2-vCPU VM this was built on, members
+/// spinning most of a CPU saw 12–22 ms stalls, see bench/RESULTS-rt.md §8).
+pub fn calibration_plan(spec: &ScenarioSpec, rank: usize, spin: &SpinPolicy) -> CalibrationPlan {
+    const MS: u64 = 1_000_000;
+    let window = spin.window_ns();
+    let mut gap_ns = (4 * window).max(MS);
+    let mut phase_ns = 0;
+    if spec.transport.name() == "shm" && spec.members > 1 {
+        let widest = match spin {
+            SpinPolicy::Auto(t) => t.cap_ns(),
+            SpinPolicy::Fixed(w) => *w,
+        };
+        let turn_ns = 2 * (widest + INTERFERENCE_PROBE_NS);
+        gap_ns = gap_ns.max(turn_ns * spec.members as u64);
+        phase_ns = rank as u64 * (gap_ns / spec.members as u64);
+    }
+    CalibrationPlan {
+        wakeups_min: spec.jitter_samples,
+        duration_ns: spec.calibration_ns,
+        gap_ns,
+        spin_ns: window,
+        probe_ns: INTERFERENCE_PROBE_NS,
+        phase_ns,
+    }
 }
 
 /// The spin window this node starts with: fixed (`spec.spin_ns`), or
@@ -698,9 +772,21 @@ fn commit_and_run<F: Fabric>(
     period_ns: u64,
     spin: &SpinPolicy,
 ) -> Result<RunReport, String> {
-    let committed = node
-        .commit(&commit_config(spec, jitter_ns, periods))
-        .map_err(|e| e.to_string())?;
+    let committed = match node.commit(&commit_config(spec, jitter_ns, periods)) {
+        Ok(c) => c,
+        Err(e @ CommitError::Rejected { .. }) => {
+            // Every member gets the same rejection: an answer, not a failure.
+            node.uncommit();
+            return Ok(RunReport {
+                size,
+                period_ns,
+                admission: e.to_string(),
+                rejected_at_commit: Some(e.to_string()),
+                ..RunReport::default()
+            });
+        }
+        Err(e) => return Err(e.to_string()),
+    };
     let (stats, misses) = run_node(node, spec, spin)?;
     node.uncommit();
     Ok(RunReport {
@@ -738,6 +824,7 @@ fn commit_and_run<F: Fabric>(
         receive_exec_ns: Summary::of(&stats.receive_exec_ns),
         counters: stats.counters,
         miss_log: misses.lines,
+        interference_log: misses.interference,
         ..RunReport::default()
     })
 }
@@ -749,6 +836,9 @@ struct MissLog {
     lines: Vec<String>,
     /// Jobs of user (computation) tasks dropped or not started in time.
     user_jobs_missed: u64,
+    /// The watchdog's interference reports, as text (bounded by the
+    /// watchdog: `INTERFERENCE_REPORTS_MAX`).
+    interference: Vec<String>,
 }
 
 impl MissLog {
@@ -759,6 +849,18 @@ impl MissLog {
             self.lines.push(describe_miss(m));
         }
     }
+}
+
+/// One line about interference over what admission assumed.
+pub fn describe_interference(e: &InterferenceExceeded) -> String {
+    format!(
+        "interference exceeded what admission assumed: the dispatcher lost its CPU for up to {} µs at once (admitted {} µs), releases up to {} µs late (admitted {} µs of release jitter); {} observations over",
+        e.lost_max_ns / 1_000,
+        e.interference_admitted_ns / 1_000,
+        e.release_late_max_ns / 1_000,
+        e.release_jitter_admitted_ns / 1_000,
+        e.over_admitted
+    )
 }
 
 /// One line about a miss: which job, what, and when it was detected.
@@ -794,10 +896,17 @@ fn run_node<F: Fabric>(
     let log = Arc::new(Mutex::new(MissLog {
         lines: Vec::with_capacity(32),
         user_jobs_missed: 0,
+        interference: Vec::with_capacity(spindle_rt::watchdog::INTERFERENCE_REPORTS_MAX as usize),
     }));
-    let watched = log.clone();
+    let (watched, told) = (log.clone(), log.clone());
     node.set_watchdog(spec.watchdog.then(|| WatchdogConfig {
         on_miss: Arc::new(move |m| watched.lock().unwrap_or_else(|p| p.into_inner()).record(m)),
+        on_interference: Some(Arc::new(move |e| {
+            told.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .interference
+                .push(describe_interference(e))
+        })),
         fifo_priority: spec.fifo.then_some(81),
     }));
     let result = node.run(spin.clone(), &mut |m| {

@@ -1,11 +1,111 @@
-//! Calibration: this machine's release jitter and a channel task's
-//! compute time, measured before commit.
+//! Calibration: this machine's release jitter and interference, and a
+//! channel task's compute time, measured before commit.
 
 use spindle_runtime::monotonic_ns;
 
 use crate::buffers::{BufferPool, IteratorPolicy};
 use crate::layout::{MESSAGE_HEADER_BYTES, SLOT_HEADER_BYTES};
-use crate::os::sleep_until_hybrid;
+use crate::os::{sleep_until_hybrid, sleep_until_measured, spin_for_gaps};
+
+/// Most wake-ups one host calibration makes (its sample buffers are
+/// allocated up front).
+pub const CALIBRATION_WAKEUPS_MAX: usize = 100_000;
+/// Longest host calibration.
+pub const CALIBRATION_NS_MAX: u64 = 120_000_000_000;
+/// The stall detector's spin after each calibration wake-up (at most half
+/// the gap between wake-ups): long enough to see the host take the CPU,
+/// short enough that members calibrating at once rarely spin together.
+pub const INTERFERENCE_PROBE_NS: u64 = 500_000;
+
+/// What a host calibration measured (see [`crate::interference`]).
+#[derive(Debug, Clone, Default)]
+pub struct HostCalibration {
+    /// Each wake-up's lateness at its target (release-jitter samples).
+    pub release_jitter_ns: Vec<u64>,
+    /// Each wake-up's lost time: the probe's time lost to gaps, or the
+    /// longest gap while spinning to the target, whichever is larger.
+    pub lost_ns: Vec<u64>,
+    /// The longest single gap seen.
+    pub gap_max_ns: u64,
+    /// How long the calibration ran.
+    pub duration_ns: u64,
+}
+
+/// How a host calibration runs (see [`calibrate_host`]).
+#[derive(Debug, Clone, Copy)]
+pub struct CalibrationPlan {
+    /// At least this many wake-ups, and at least this long.
+    pub wakeups_min: usize,
+    pub duration_ns: u64,
+    /// Wake-ups this far apart, each spinning `spin_ns` towards its
+    /// target, then `probe_ns` more (at most half the gap).
+    pub gap_ns: u64,
+    pub spin_ns: u64,
+    pub probe_ns: u64,
+    /// Targets at `k × gap + phase` of `CLOCK_MONOTONIC`: members of one
+    /// host calibrating at once take phases `rank × gap / members`, so
+    /// that their spins do not overlap (three spinning members on two
+    /// CPUs would measure each other, not the host).
+    pub phase_ns: u64,
+}
+
+/// Calibrate this host for admission: wake-ups `gap_ns` apart, each a
+/// hybrid sleep with `spin_ns` of spin (its lateness: release jitter)
+/// followed by the stall detector ([`spin_for_gaps`]) for `probe_ns`;
+/// until at least `wakeups_min` wake-ups have been made *and*
+/// `duration_ns` has passed (seconds: long enough to see the host's
+/// preemptions, not only its wake-up latency), bounded by
+/// [`CALIBRATION_WAKEUPS_MAX`] and [`CALIBRATION_NS_MAX`].
+pub fn calibrate_host(plan: CalibrationPlan) -> HostCalibration {
+    let CalibrationPlan {
+        wakeups_min,
+        duration_ns,
+        gap_ns,
+        spin_ns,
+        probe_ns,
+        phase_ns,
+    } = plan;
+    assert!(gap_ns > 0, "calibration wake-ups need a gap");
+    let duration_ns = duration_ns.min(CALIBRATION_NS_MAX);
+    // Room for the wake-ups the duration holds (and the first one's
+    // alignment); the loop stops at the duration or the minimum count.
+    let planned = (duration_ns / gap_ns + 2).max(wakeups_min as u64);
+    let capacity = (planned as usize).min(CALIBRATION_WAKEUPS_MAX);
+    let wakeups_max = CALIBRATION_WAKEUPS_MAX;
+    let probe_ns = probe_ns.min(gap_ns / 2);
+    let mut out = HostCalibration {
+        release_jitter_ns: Vec::with_capacity(capacity),
+        lost_ns: Vec::with_capacity(capacity),
+        ..HostCalibration::default()
+    };
+    let start = monotonic_ns();
+    let aligned = |at: u64| at.next_multiple_of(gap_ns) + phase_ns % gap_ns;
+    let mut target = aligned(start + gap_ns);
+    while out.release_jitter_ns.len() < wakeups_max {
+        let elapsed = monotonic_ns() - start;
+        if out.release_jitter_ns.len() >= wakeups_min && elapsed >= duration_ns {
+            break;
+        }
+        if elapsed >= CALIBRATION_NS_MAX {
+            break;
+        }
+        let wake = sleep_until_measured(target, spin_ns);
+        let gaps = spin_for_gaps(probe_ns);
+        out.release_jitter_ns.push(wake.late_ns);
+        out.lost_ns.push(gaps.lost_ns.max(wake.gap_max_ns));
+        out.gap_max_ns = out.gap_max_ns.max(gaps.gap_max_ns).max(wake.gap_max_ns);
+        target += gap_ns;
+        // After a stall longer than the gap: the next wake-up is a gap from
+        // now (no burst of zero-length sleeps).
+        let now = monotonic_ns();
+        if target <= now {
+            target = aligned(now + gap_ns);
+        }
+    }
+    out.duration_ns = monotonic_ns() - start;
+    debug_assert_eq!(out.release_jitter_ns.len(), out.lost_ns.len());
+    out
+}
 
 /// Measure the dispatcher's release jitter on this machine: `samples`
 /// hybrid wake-ups `period_ns` apart; returns each wake-up's lateness.
@@ -44,4 +144,33 @@ pub fn measure_channel_compute_ns(message_bytes: usize, messages: usize, rounds:
         worst = worst.max(monotonic_ns() - t0);
     }
     (worst * 2).max(floor_ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_calibration_makes_its_wake_ups_and_lasts_its_duration() {
+        let plan = CalibrationPlan {
+            wakeups_min: 5,
+            duration_ns: 20_000_000,
+            gap_ns: 2_000_000,
+            spin_ns: 50_000,
+            probe_ns: INTERFERENCE_PROBE_NS,
+            phase_ns: 700_000,
+        };
+        let c = calibrate_host(plan);
+        assert!(c.release_jitter_ns.len() >= 5 && c.release_jitter_ns.len() == c.lost_ns.len());
+        assert!(c.duration_ns >= 20_000_000, "{}", c.duration_ns);
+        assert!(c.lost_ns.iter().all(|l| *l <= c.duration_ns));
+        // Fewer wake-ups asked than the duration holds: the duration rules.
+        let c = calibrate_host(CalibrationPlan {
+            wakeups_min: 1,
+            duration_ns: 0,
+            gap_ns: 1_000_000,
+            ..plan
+        });
+        assert_eq!(c.release_jitter_ns.len(), 1);
+    }
 }

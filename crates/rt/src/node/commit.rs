@@ -12,6 +12,7 @@ use spindle_runtime::monotonic_ns;
 use super::{Active, ChannelKind, RtNode, RunStats, TaskRef, RUN_SAMPLES_MAX};
 use crate::admission::{admit_node, check_channel_order, Admitted, Margins, Rejection};
 use crate::dispatch::DispatchCore;
+use crate::interference::AdmissionMode;
 use crate::layout::REASON_BYTES_MAX;
 use crate::qos::TaskSpec;
 use crate::watchdog::WatchdogShared;
@@ -108,6 +109,8 @@ impl<F: Fabric> RtNode<F> {
         mix(config.clock_bound_budget_ns);
         mix(config.periods);
         mix(config.force as u64);
+        // The admission mode is group-wide (the interference is each node's own).
+        mix(self.admission.0.miss_budget().to_bits());
         h
     }
 
@@ -180,6 +183,7 @@ impl<F: Fabric> RtNode<F> {
         let margins = Margins {
             clock_error_bound_ns: config.clock_bound_budget_ns,
             release_jitter_ns: config.release_jitter_ns,
+            interference_ns: self.admission.1,
         };
         let (tasks, refs, admitted) = self.node_tasks();
         let now = self.clock.now().map_err(|e| CommitError::Clock(e.to_string()))?;
@@ -240,7 +244,9 @@ impl<F: Fabric> RtNode<F> {
             budget_ns: config.clock_bound_budget_ns,
             refs,
             stats,
-            claims: Arc::new(WatchdogShared::new(tasks.len())),
+            claims: Arc::new(
+                WatchdogShared::new(tasks.len()).with_admitted(margins.interference_ns, margins.release_jitter_ns),
+            ),
         });
         Ok(Committed {
             epoch_start_ns,
@@ -249,6 +255,14 @@ impl<F: Fabric> RtNode<F> {
             tasks,
             margins,
         })
+    }
+
+    /// How the following commits admit (the same mode on every member: it
+    /// is part of the fingerprint) and the interference this node measured
+    /// (see [`crate::interference`]): charged to every job on top of its
+    /// compute time. Default: worst case, no interference assumed.
+    pub fn set_admission(&mut self, mode: AdmissionMode, interference_ns: u64) {
+        self.admission = (mode, interference_ns);
     }
 
     /// Make this node vote *abort* in the activation phase of its next

@@ -72,6 +72,16 @@ pub struct RunCounters {
     pub late_wakes_spin: u64,
     #[serde(default)]
     pub late_wakes_no_sleep: u64,
+    /// Interference seen during the run (see [`crate::interference`]):
+    /// the longest the dispatcher lost its CPU at once while spinning, or
+    /// a job ran beyond its compute time; the latest release; and how many
+    /// of these observations exceeded what admission assumed.
+    #[serde(default)]
+    pub interference_lost_max_ns: u64,
+    #[serde(default)]
+    pub release_late_max_ns: u64,
+    #[serde(default)]
+    pub interference_over_admitted: u64,
 }
 
 /// What a run measured (preallocated at commit; no allocation during the run).
@@ -197,6 +207,9 @@ impl<F: Fabric> RtNode<F> {
                         w.unpark();
                     }
                     let exec_ns = monotonic_ns() - started_mono;
+                    // A job that ran longer than its compute time lost the
+                    // difference (at least) to the host.
+                    claims.observe(0, exec_ns.saturating_sub(active.core.task(job.task).compute_ns));
                     match task {
                         TaskRef::Send(_) => push_bounded(&mut active.stats.send_exec_ns, exec_ns),
                         TaskRef::Receive(_) => push_bounded(&mut active.stats.receive_exec_ns, exec_ns),
@@ -228,6 +241,7 @@ impl<F: Fabric> RtNode<F> {
                     let window = spin.window_ns();
                     let wake = spin.sleep_until(target);
                     let late = wake.late_ns;
+                    claims.observe(late, wake.gap_max_ns);
                     push_bounded(&mut active.stats.release_jitter_ns, late);
                     if late > LATE_WAKE_NS {
                         let c = &mut active.stats.counters;
@@ -252,6 +266,10 @@ impl<F: Fabric> RtNode<F> {
         stats.counters.missed_early = c.missed_early;
         stats.counters.overruns = c.overruns;
         stats.counters.missed_by_watchdog = claims.misses.load(Ordering::Relaxed);
+        let seen = claims.interference();
+        stats.counters.interference_lost_max_ns = seen.lost_max_ns;
+        stats.counters.release_late_max_ns = seen.release_late_max_ns;
+        stats.counters.interference_over_admitted = seen.over_admitted;
         debug_assert_eq!(
             c.released,
             c.completed + c.missed_early,

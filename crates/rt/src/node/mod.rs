@@ -39,11 +39,15 @@ use spindle_fabric::Fabric;
 use crate::buffers::{BufferError, BufferPool};
 use crate::clock_service::GlobalClock;
 use crate::dispatch::DispatchCore;
+use crate::interference::AdmissionMode;
 use crate::layout::{ChannelArea, RtLayout};
 use crate::qos::TaskSpec;
 use crate::watchdog::{WatchdogConfig, WatchdogShared};
 
-pub use calibrate::{calibrate_release_jitter, measure_channel_compute_ns};
+pub use calibrate::{
+    calibrate_host, calibrate_release_jitter, measure_channel_compute_ns, CalibrationPlan, HostCalibration,
+    CALIBRATION_NS_MAX, CALIBRATION_WAKEUPS_MAX, INTERFERENCE_PROBE_NS,
+};
 pub use channel::{layout_for, ChannelKind, ChannelSpec};
 pub use commit::{CommitConfig, CommitError, Committed};
 pub use data_path::{Computation, TaskContext};
@@ -90,6 +94,8 @@ pub struct RtNode<F: Fabric> {
     active: Option<Active>,
     activation_veto: Option<String>,
     watchdog: Option<WatchdogConfig>,
+    /// The admission mode and this node's interference (`set_admission`).
+    admission: (AdmissionMode, u64),
 }
 
 impl<F: Fabric> RtNode<F> {
@@ -135,6 +141,7 @@ impl<F: Fabric> RtNode<F> {
             active: None,
             activation_veto: None,
             watchdog: None,
+            admission: (AdmissionMode::WorstCase, 0),
         })
     }
 

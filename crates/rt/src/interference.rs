@@ -1,0 +1,233 @@
+//! The host's **interference**: how long the host keeps a thread that
+//! wants to run off its CPU (other threads, interrupts and softirqs, the
+//! hypervisor descheduling a virtual CPU), and the admission modes that
+//! use it.
+//!
+//! Admission ([`crate::admission`]) charges every job `C + I` and
+//! shortens every deadline by the clock bound and the release jitter `J`.
+//! Both terms are learned from the host, not assumed:
+//!
+//! - **before commit**, a calibration of several seconds
+//!   ([`crate::node::calibrate_host`]): wake-ups as far apart as the
+//!   releases, each a hybrid sleep (its lateness is a release-jitter
+//!   sample) followed by a **stall detector** spin
+//!   ([`crate::os::spin_for_gaps`]: a tight loop reading the clock and
+//!   recording every gap between two reads). Each wake-up gives one
+//!   *lost-time* sample: the time the probe lost to gaps, or the longest
+//!   gap seen while spinning towards the release, whichever is larger;
+//! - **during the run**, the dispatcher records the longest gap of every
+//!   spin and every release's lateness; the watchdog reports when they
+//!   exceed what admission assumed ([`crate::watchdog`]).
+//!
+//! ```text
+//!  calibration:  sleep ─▶ spin to target (gaps) ─▶ target: lateness = J sample ─▶ probe spin (gaps) = I sample ─▶ sleep …
+//!  admission:    worst case: J = max, I = max     statistical: J, I = quantile (1 − miss budget)
+//! ```
+//!
+//! Two modes ([`AdmissionMode`]):
+//!
+//! - **worst case** (the default): `J` and `I` are the largest seen. A set
+//!   admitted this way misses only if the host later does worse than
+//!   anything it did during the calibration; the run reports it when it
+//!   does.
+//! - **statistical** with a miss budget `b` (e.g. `1e-4`): `J` and `I` are
+//!   the `1 − b` quantiles of the calibration samples (p99 for `b =
+//!   1e-2`); a calibration with fewer than `1/b` samples falls back to its
+//!   maximum. The run reports its observed miss rate against `b`.
+//!
+//! Everything here is pure: the samples come from the OS layer.
+
+/// Bounds on the miss budget of the statistical mode.
+pub const MISS_BUDGET_MIN: f64 = 1e-9;
+pub const MISS_BUDGET_MAX: f64 = 0.5;
+
+/// How admission turns the host's calibration into margins.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub enum AdmissionMode {
+    /// The largest release jitter and interference seen.
+    #[default]
+    WorstCase,
+    /// The `1 − miss_budget` quantiles; the user accepts up to
+    /// `miss_budget` of the jobs missing.
+    Statistical { miss_budget: f64 },
+}
+
+impl AdmissionMode {
+    /// From the command line's `--admission` and `--miss-budget`.
+    pub fn parse(mode: &str, miss_budget: Option<f64>) -> Result<AdmissionMode, String> {
+        match (mode, miss_budget) {
+            ("worst-case", None) => Ok(AdmissionMode::WorstCase),
+            ("worst-case", Some(b)) => Err(format!(
+                "--miss-budget {b} applies to --admission statistical only (worst-case admission accepts no miss)"
+            )),
+            ("statistical", None) => Err("--admission statistical needs --miss-budget (e.g. 1e-4)".into()),
+            ("statistical", Some(b)) => {
+                if !(MISS_BUDGET_MIN..=MISS_BUDGET_MAX).contains(&b) {
+                    return Err(format!(
+                        "--miss-budget {b} must be in {MISS_BUDGET_MIN:e}..={MISS_BUDGET_MAX} (a fraction of the jobs)"
+                    ));
+                }
+                Ok(AdmissionMode::Statistical { miss_budget: b })
+            }
+            (other, _) => Err(format!("--admission '{other}': expected worst-case or statistical")),
+        }
+    }
+
+    /// The miss budget (0 for worst case).
+    pub fn miss_budget(&self) -> f64 {
+        match self {
+            AdmissionMode::WorstCase => 0.0,
+            AdmissionMode::Statistical { miss_budget } => *miss_budget,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            AdmissionMode::WorstCase => "worst case (largest release jitter and interference seen)".into(),
+            AdmissionMode::Statistical { miss_budget } => {
+                format!("statistical, miss budget {miss_budget:e} (the 1 − budget quantiles)")
+            }
+        }
+    }
+
+    /// The margin this mode takes from `samples` (ns, any order): the
+    /// maximum, or the `1 − budget` quantile (nearest rank; the maximum
+    /// when there are fewer than `1 / budget` samples). 0 without samples.
+    pub fn margin_ns(&self, samples: &[u64]) -> u64 {
+        let Some(&max) = samples.iter().max() else { return 0 };
+        match self {
+            AdmissionMode::WorstCase => max,
+            AdmissionMode::Statistical { miss_budget } => {
+                let n = samples.len();
+                // Samples allowed above the margin: floor(n · budget).
+                let above = ((n as f64) * miss_budget).floor() as usize;
+                if above == 0 {
+                    return max;
+                }
+                let mut sorted = samples.to_vec();
+                sorted.sort_unstable();
+                sorted[n - 1 - above.min(n - 1)]
+            }
+        }
+    }
+}
+
+/// A calibration's figures as reported (ns).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InterferenceReport {
+    /// How long the calibration ran, and its wake-ups.
+    pub calibration_ns: u64,
+    pub wakeups: u64,
+    /// Lost-time samples (see the module docs): p99 and max.
+    pub lost_p99_ns: u64,
+    pub lost_max_ns: u64,
+    /// The longest single gap the stall detector saw.
+    pub gap_max_ns: u64,
+    /// What admission used: release jitter and interference.
+    pub release_jitter_admitted_ns: u64,
+    pub interference_admitted_ns: u64,
+    /// Seen during the run: the longest gap of a dispatcher spin and the
+    /// latest release; how many spins / releases exceeded what was admitted.
+    #[serde(default)]
+    pub run_gap_max_ns: u64,
+    #[serde(default)]
+    pub run_release_late_max_ns: u64,
+    #[serde(default)]
+    pub run_over_admitted: u64,
+}
+
+impl InterferenceReport {
+    /// Whether the run saw more than admission assumed.
+    pub fn exceeded(&self) -> bool {
+        self.run_over_admitted > 0
+    }
+
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "interference: admitted {} µs, release jitter admitted {} µs (calibration {:.1} s, {} wake-ups: lost time p99 {} µs, max {} µs, longest gap {} µs)",
+            self.interference_admitted_ns / 1_000,
+            self.release_jitter_admitted_ns / 1_000,
+            self.calibration_ns as f64 / 1e9,
+            self.wakeups,
+            self.lost_p99_ns / 1_000,
+            self.lost_max_ns / 1_000,
+            self.gap_max_ns / 1_000,
+        );
+        s += &format!(
+            "; in the run: longest gap {} µs, latest release {} µs",
+            self.run_gap_max_ns / 1_000,
+            self.run_release_late_max_ns / 1_000
+        );
+        if self.exceeded() {
+            s += &format!(
+                " — EXCEEDED what admission assumed ({} times): the host did worse than during the calibration",
+                self.run_over_admitted
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_bad_input_names_the_value() {
+        assert_eq!(AdmissionMode::parse("worst-case", None), Ok(AdmissionMode::WorstCase));
+        assert_eq!(
+            AdmissionMode::parse("statistical", Some(1e-4)),
+            Ok(AdmissionMode::Statistical { miss_budget: 1e-4 })
+        );
+        for (mode, budget, needle) in [
+            ("statistical", None, "needs --miss-budget"),
+            ("statistical", Some(2.0), "--miss-budget 2"),
+            ("statistical", Some(0.0), "--miss-budget 0"),
+            ("statistical", Some(f64::NAN), "--miss-budget NaN"),
+            ("worst-case", Some(1e-3), "statistical only"),
+            ("optimistic", None, "'optimistic'"),
+        ] {
+            let e = AdmissionMode::parse(mode, budget).unwrap_err();
+            assert!(e.contains(needle), "{mode} {budget:?}: '{needle}' not in {e}");
+        }
+    }
+
+    #[test]
+    fn worst_case_takes_the_max_and_statistical_the_quantile() {
+        let samples: Vec<u64> = (1..=10_000).collect();
+        assert_eq!(AdmissionMode::WorstCase.margin_ns(&samples), 10_000);
+        let p99 = AdmissionMode::Statistical { miss_budget: 1e-2 };
+        assert_eq!(p99.margin_ns(&samples), 9_900, "100 samples may lie above");
+        let tight = AdmissionMode::Statistical { miss_budget: 1e-4 };
+        assert_eq!(tight.margin_ns(&samples), 9_999);
+        // Too few samples to know the 1 − 1e-4 quantile: the maximum.
+        assert_eq!(tight.margin_ns(&samples[..500]), 500);
+        assert_eq!(AdmissionMode::WorstCase.margin_ns(&[]), 0);
+    }
+
+    #[test]
+    fn the_statistical_margin_never_exceeds_the_worst_case_one() {
+        let samples = [5, 1, 900, 3, 3, 7, 2, 8, 1, 4];
+        for b in [1e-9, 1e-4, 0.1, 0.25, 0.5] {
+            let m = AdmissionMode::Statistical { miss_budget: b }.margin_ns(&samples);
+            assert!(m <= 900);
+            let above = samples.iter().filter(|s| **s > m).count();
+            assert!(
+                above as f64 <= samples.len() as f64 * b,
+                "budget {b}: {above} above {m}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_report_says_when_the_run_exceeded_the_admitted_figures() {
+        let mut r = InterferenceReport {
+            interference_admitted_ns: 100_000,
+            ..InterferenceReport::default()
+        };
+        assert!(!r.describe().contains("EXCEEDED"));
+        r.run_gap_max_ns = 838_000;
+        r.run_over_admitted = 1;
+        assert!(r.exceeded() && r.describe().contains("EXCEEDED"), "{}", r.describe());
+    }
+}
