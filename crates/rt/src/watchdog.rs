@@ -51,7 +51,7 @@ pub type InterferenceCallback = Arc<dyn Fn(&InterferenceExceeded) + Send + Sync>
 pub const INTERFERENCE_REPORTS_MAX: u64 = 16;
 
 /// The run saw more interference than admission assumed: deadlines are
-/// no longer guaranteed (reported by the watchdog within [`NAP_NS_MAX`]).
+/// no longer guaranteed (reported by the watchdog within one watchdog nap).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InterferenceExceeded {
     /// The longest the dispatcher lost its CPU at once, or a job took
