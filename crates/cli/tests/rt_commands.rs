@@ -11,6 +11,23 @@ fn json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("json written")).expect("valid json")
 }
 
+/// A 20-period ring of 20 ms without SCHED_FIFO or calibration, its
+/// release jitter declared 0: what admission decides then depends on the
+/// flags a test adds, not on the host.
+fn short_ring() -> std::process::Command {
+    let mut ring = spindle();
+    ring.args(["rt", "ring", "--periods", "20", "--period-us", "20000", "--no-fifo"])
+        .args([
+            "--jitter-samples",
+            "20",
+            "--calibration-ms",
+            "0",
+            "--declared-jitter-us",
+            "0",
+        ]);
+    ring
+}
+
 fn assert_summary(v: &serde_json::Value, key: &str) {
     for q in ["p50", "p99", "max"] {
         assert!(v[key][q].is_u64(), "{key}.{q} missing in {v}");
@@ -73,16 +90,7 @@ fn ring_runs_and_reports_the_documented_keys() {
 fn a_ring_the_host_cannot_promise_is_rejected_at_commit_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ring-rejected.json");
-    let out = run(spindle()
-        .args(["rt", "ring", "--periods", "20", "--period-us", "20000", "--no-fifo"])
-        .args([
-            "--jitter-samples",
-            "20",
-            "--calibration-ms",
-            "0",
-            "--declared-jitter-us",
-            "0",
-        ])
+    let out = run(short_ring()
         // A host that takes the CPU for 5 ms at once: the 20 ms ring's
         // deadlines (≈ 2 ms) cannot hold.
         .args([
@@ -117,17 +125,8 @@ fn a_ring_the_host_cannot_promise_is_rejected_at_commit_with_the_reason() {
 fn statistical_admission_reports_the_miss_rate_against_the_budget() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ring-statistical.json");
-    let out = run(spindle()
-        .args(["rt", "ring", "--periods", "20", "--period-us", "20000", "--no-fifo"])
+    let out = run(short_ring()
         .args(["--admission", "statistical", "--miss-budget", "1e-2"])
-        .args([
-            "--jitter-samples",
-            "20",
-            "--calibration-ms",
-            "0",
-            "--declared-jitter-us",
-            "0",
-        ])
         .args(["--declared-interference-us", "0", "--clock-budget-us", "500", "--json"])
         .arg(&path));
     assert!(out.status.success(), "ring failed: {}", text(&out));
