@@ -19,6 +19,8 @@ if [ "${FANOUT_16CORE:-0}" = 1 ]; then
     $B fanout calibrate --json $R/fanout-16core-calibration.json
     $B fanout bench --members 2,3,4,6,8,12,16 --iterations 20000 --warmup 2000 \
         --json $R/fanout-16core-bench.json --svg $R/fanout-16core-bench.svg
+    $B fanout bench --members 2 --procs --iterations 20000 --warmup 2000 \
+        --json $R/fanout-16core-procs-bench.json
 fi
 $B fanout sim --params $R/fanout-16core-calibration.json --validate $R/fanout-16core-bench.json \
     --json $R/fanout-16core-sim.json --svg $R/fanout-16core-sim.svg

@@ -119,6 +119,12 @@ pub struct Row {
     pub simulated: bool,
     pub latency_ns: Latency,
     pub samples: u64,
+    /// Real rows: the median over batches of [`BACK_TO_BACK_MULTICASTS`]
+    /// multicasts in a row of the time per multicast, the clock read
+    /// once per batch as the cache-line round trip is measured (the
+    /// per-multicast `latency_ns` carries two clock reads each).
+    #[serde(default)]
+    pub back_to_back_ns: Option<f64>,
 }
 
 fn threads() -> String {
@@ -134,6 +140,10 @@ pub struct Probes {
     /// 2-member tree_help_skip and flat p50 over the round trip.
     pub two_member_p50_over_round_trip: f64,
     pub two_member_flat_p50_over_round_trip: f64,
+    /// 2-member tree_help_skip multicasts back to back (the clock read
+    /// once per batch, like the round trip) over the round trip.
+    #[serde(default)]
+    pub two_member_back_to_back_over_round_trip: Option<f64>,
     pub join_over_round_trip: f64,
     pub leave_over_round_trip: f64,
     /// Whether join, leave and the 2-member p50 are within 2x the round trip.
@@ -321,10 +331,10 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
         "fanout bench: {slots} slots ({} cpus: {}), shape {}, load {:.2}",
         out.machine.cpus, out.machine.cpu_model, args.shape, out.load_avg_1m
     );
-    let round_trip_ns = probe::cache_line_round_trip_ns(
-        tree.cpu_of_slot(0) as usize,
-        tree.cpu_of_slot(1.min(slots - 1)) as usize,
-    );
+    // Between the CPUs of the 2-member group (origin and member).
+    let pair = group_slots(slots, 2);
+    let round_trip_ns =
+        probe::cache_line_round_trip_ns(tree.cpu_of_slot(pair[0]) as usize, tree.cpu_of_slot(pair[1]) as usize);
     let (join_ns, leave_ns) = probe::join_leave_ns();
     let (wake_futex_ns, wake_unpark_ns) = (probe::wake_ns(), probe::unpark_wake_ns());
     println!("  cache-line round trip {round_trip_ns:.0} ns; join {join_ns:.1} ns, leave {leave_ns:.1} ns; wake: futex {wake_futex_ns:.0} ns, unpark {wake_unpark_ns:.0} ns");
@@ -336,11 +346,12 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
     for &mode in modes {
         for layout in Layout::ALL {
             for &members in &sizes {
-                let h = if mode == "threads" {
+                let timed = if mode == "threads" {
                     measure(&tree, layout, members, args.warmup, args.iterations)?
                 } else {
                     procs::measure(&tree, layout, members, args.warmup, args.iterations)?
                 };
+                let h = &timed.histogram;
                 let row = Row {
                     layout: layout.name().into(),
                     mode: mode.into(),
@@ -352,10 +363,11 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
                         p99: h.value_at_quantile(0.99) as f64,
                     },
                     samples: h.len(),
+                    back_to_back_ns: Some(timed.back_to_back_ns),
                 };
                 println!(
-                    "  {:<9} {:<15} {:>3} members: p50 {:>8.0} ns  p99 {:>8.0} ns",
-                    row.mode, row.layout, members, row.latency_ns.p50, row.latency_ns.p99
+                    "  {:<9} {:<15} {:>3} members: p50 {:>8.0} ns  p99 {:>8.0} ns  back to back {:>8.0} ns",
+                    row.mode, row.layout, members, row.latency_ns.p50, row.latency_ns.p99, timed.back_to_back_ns
                 );
                 out.rows.push(row);
             }
@@ -377,6 +389,12 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
             leave_ns,
             two_member_p50_over_round_trip: skip / round_trip_ns,
             two_member_flat_p50_over_round_trip: flat / round_trip_ns,
+            two_member_back_to_back_over_round_trip: out
+                .rows
+                .iter()
+                .find(|r| r.mode == "threads" && r.layout == "tree_help_skip" && r.members == 2)
+                .and_then(|r| r.back_to_back_ns)
+                .map(|b| b / round_trip_ns),
             join_over_round_trip: join_ns / round_trip_ns,
             leave_over_round_trip: leave_ns / round_trip_ns,
             within_2x_round_trip: skip <= 2.0 * round_trip_ns
@@ -395,6 +413,9 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
             probes.leave_over_round_trip,
             probes.within_2x_round_trip
         );
+        if let Some(b) = probes.two_member_back_to_back_over_round_trip {
+            println!("  2 members back to back (clock read once per batch, as the round trip): tree_help_skip {b:.2}x the round trip");
+        }
         if let (Some(skip), Some(flat)) = (
             probes.procs_two_member_p50_over_round_trip,
             probes.procs_two_member_flat_p50_over_round_trip,
@@ -449,13 +470,7 @@ pub fn group_slots(slots: usize, members: usize) -> Vec<usize> {
 /// Multicast+ack latency of one layout and group size: one thread per
 /// member (and, for the broadcast, per non-member slot), pinned to its
 /// slot's CPU; the origin is slot 0.
-fn measure(
-    tree: &Tree,
-    layout: Layout,
-    members: usize,
-    warmup: u64,
-    iterations: u64,
-) -> Result<hdrhistogram::Histogram<u64>, String> {
+fn measure(tree: &Tree, layout: Layout, members: usize, warmup: u64, iterations: u64) -> Result<Timed, String> {
     let domain = Domain::new(tree.clone(), layout, procs::bench_wait()).map_err(|e| e.to_string())?;
     let group = group_slots(tree.slots(), members);
     let serving: Vec<usize> = if layout.interrupts_non_members() {
@@ -493,7 +508,7 @@ fn measure(
     let expected = group.iter().fold(0u64, |m, s| m | 1 << s);
     let result = {
         let domain = domain.clone();
-        std::thread::spawn(move || -> Result<hdrhistogram::Histogram<u64>, String> {
+        std::thread::spawn(move || -> Result<Timed, String> {
             let _ = probe::pin_to_cpu(origin_cpu);
             let mut origin = domain.attach(0, |_| {}).map_err(|e| e.to_string())?;
             origin.join().map_err(|e| e.to_string())?;
@@ -506,26 +521,41 @@ fn measure(
     domain.shutdown();
     for (t, slot) in threads.into_iter().zip(&serving) {
         let delivered = t.join().map_err(|_| format!("slot {slot}'s thread panicked"))??;
-        if result.is_ok() && group.contains(slot) && delivered != warmup + iterations {
-            return Err(format!(
-                "slot {slot} delivered {delivered} of {} multicasts",
-                warmup + iterations
-            ));
+        let sent = result.as_ref().map_or(0, |t| t.multicasts);
+        if result.is_ok() && group.contains(slot) && delivered != sent {
+            return Err(format!("slot {slot} delivered {delivered} of {sent} multicasts"));
         }
     }
     result
 }
 
+/// Multicasts per back-to-back batch (timed as a whole).
+pub const BACK_TO_BACK_MULTICASTS: u64 = 100;
+/// Back-to-back batches per point (their median is the figure).
+pub const BACK_TO_BACK_BATCHES: u64 = 21;
+
+/// What the origin measured at one point.
+pub struct Timed {
+    /// One sample per multicast (two clock reads around each).
+    pub histogram: hdrhistogram::Histogram<u64>,
+    /// The median time per multicast over batches of multicasts in a row.
+    pub back_to_back_ns: f64,
+    /// Multicasts sent in all (warm-up, timed, back to back): what every
+    /// member must have delivered.
+    pub multicasts: u64,
+}
+
 /// The origin's part of a measurement: wait (at most 10 s) until the
 /// members are exactly `expected`, then time `warmup + iterations`
-/// multicasts (the warm-up ones not recorded).
+/// multicasts one by one (the warm-up ones not recorded), then
+/// [`BACK_TO_BACK_BATCHES`] batches of [`BACK_TO_BACK_MULTICASTS`] in a row.
 pub(crate) fn time_multicasts(
     domain: &Domain,
     origin: &mut Port,
     expected: u64,
     warmup: u64,
     iterations: u64,
-) -> Result<hdrhistogram::Histogram<u64>, String> {
+) -> Result<Timed, String> {
     let start = Instant::now();
     while domain.state().members() != expected {
         if start.elapsed() > Duration::from_secs(10) {
@@ -546,7 +576,25 @@ pub(crate) fn time_multicasts(
             h.record(ns.max(1)).map_err(|e| e.to_string())?;
         }
     }
-    Ok(h)
+    let mut payload = warmup + iterations;
+    let mut batches = Vec::with_capacity(BACK_TO_BACK_BATCHES as usize);
+    for _ in 0..BACK_TO_BACK_BATCHES {
+        let t0 = Instant::now();
+        for _ in 0..BACK_TO_BACK_MULTICASTS {
+            let done = origin
+                .multicast(payload, Duration::from_secs(5))
+                .map_err(|e| e.to_string())?;
+            debug_assert_eq!(done.targets, expected & !1, "reached_exactly_the_group");
+            payload += 1;
+        }
+        batches.push(t0.elapsed().as_nanos() as f64 / BACK_TO_BACK_MULTICASTS as f64);
+    }
+    batches.sort_by(f64::total_cmp);
+    Ok(Timed {
+        histogram: h,
+        back_to_back_ns: batches[batches.len() / 2],
+        multicasts: payload,
+    })
 }
 
 /// `spindle fanout calibrate`.
@@ -639,6 +687,7 @@ pub fn sim(args: SimArgs) -> Result<(), String> {
                         p99: p.latency_ns_p99,
                     },
                     samples: args.trials as u64,
+                    back_to_back_ns: None,
                 });
             }
         }
@@ -737,6 +786,7 @@ mod tests {
             simulated: true,
             latency_ns: Latency { p50, p99: p50 },
             samples: 1,
+            back_to_back_ns: None,
         };
         let mut rows = vec![
             row("flat", 2, 100.0),

@@ -80,6 +80,41 @@ pub fn child_action(tree: &Tree, layout: Layout, child: usize, targets: &SlotSet
     }
 }
 
+/// The children of `slot` a skipping scatter visits (those whose subtree
+/// holds a target) with what each gets (`Send` or `Help`), in order.
+/// Subtrees are contiguous in pre-order, so this steps from one target
+/// to the next by bit scans ([`SlotSet::next_from`]) and a binary search
+/// of the children: a skipped subtree costs nothing, where testing
+/// every child's summary cost one range test per child.
+#[inline]
+pub fn visited_children<'a>(
+    tree: &'a Tree,
+    slot: usize,
+    targets: &'a SlotSet,
+) -> impl Iterator<Item = (usize, ChildAction)> + 'a {
+    let children = tree.children(slot);
+    let end = tree.subtree_end(slot);
+    let mut from = slot + 1;
+    std::iter::from_fn(move || {
+        let target = targets.next_from(from).filter(|&t| t < end)?;
+        // The last child at or before the target holds it (the first
+        // child is slot + 1 <= target: the index is at least 0).
+        let child = children[children.partition_point(|&c| c as usize <= target) - 1] as usize;
+        from = tree.subtree_end(child);
+        let action = if targets.contains(child) {
+            ChildAction::Send
+        } else {
+            ChildAction::Help
+        };
+        debug_assert_eq!(
+            action,
+            child_action(tree, Layout::TreeHelpSkip, child, targets),
+            "skipping_visits_exactly_the_subtrees_with_a_target"
+        );
+        Some((child, action))
+    })
+}
+
 /// The acknowledgements gather node `slot` combines: its own (if it acks
 /// itself) and one per child that is sent to or helped. 0 means the node
 /// completes at once; 1 means it needs no counter (its one contribution
@@ -87,6 +122,9 @@ pub fn child_action(tree: &Tree, layout: Layout, child: usize, targets: &SlotSet
 #[inline]
 pub fn ack_count(tree: &Tree, layout: Layout, slot: usize, targets: &SlotSet) -> u32 {
     let own = u32::from(acks_itself(layout, slot, targets));
+    if layout == Layout::TreeHelpSkip {
+        return own + visited_children(tree, slot, targets).count() as u32;
+    }
     let children = tree
         .children(slot)
         .iter()
@@ -114,5 +152,48 @@ mod tests {
         assert_eq!(ack_count(&t, Layout::Tree, 0, &targets), 3, "broadcast: self + 2");
         assert_eq!(Layout::parse("tree_help").unwrap(), Layout::TreeHelp);
         assert!(Layout::parse("tree-help").is_err());
+    }
+
+    /// `visited_children` is the children `child_action` does not skip,
+    /// with the same action, for every tree shape and size up to 63 slots
+    /// and pseudo-random target sets (a fixed xorshift: deterministic).
+    #[test]
+    fn visited_children_are_the_children_not_skipped() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for slots in 1..=63usize {
+            for shape in [Shape::Kary(2), Shape::Kary(4), Shape::Flat] {
+                let t = Tree::build(shape, slots).unwrap();
+                for _ in 0..50 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let word = (x & (x >> 3)) & ((1u64 << slots) - 1).max(1);
+                    let set = SlotSet::from_word(word);
+                    for slot in 0..slots {
+                        let slow: Vec<_> = t
+                            .children(slot)
+                            .iter()
+                            .map(|&c| (c as usize, child_action(&t, Layout::TreeHelpSkip, c as usize, &set)))
+                            .filter(|&(_, a)| a != ChildAction::Skip)
+                            .collect();
+                        let fast: Vec<_> = visited_children(&t, slot, &set).collect();
+                        assert_eq!(fast, slow, "{shape:?} {slots} slots, slot {slot}, set {word:#b}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn slot_set_iterates_by_bit_scans() {
+        let mut set = SlotSet::default();
+        for s in [0, 5, 63, 64, 130, 255] {
+            set.insert(s);
+        }
+        assert_eq!(set.iter().collect::<Vec<_>>(), vec![0, 5, 63, 64, 130, 255]);
+        assert_eq!(set.next_from(6), Some(63));
+        assert_eq!(set.next_from(131), Some(255));
+        assert_eq!(SlotSet::default().next_from(0), None);
+        assert_eq!(set.next_from(256), None);
     }
 }

@@ -41,6 +41,37 @@ impl Default for WaitConfig {
     }
 }
 
+/// A wait's time bound, read from the clock only once the wait lasts:
+/// the first check starts it, so a multicast that completes within its
+/// first spin passes never reads the clock (two `Instant::now` calls
+/// were a fixed cost of every multicast). A wait lasts at most its
+/// timeout plus the passes before the first check (at most
+/// [`CLOCK_CHECK_PASSES`] spin passes).
+struct Deadline {
+    timeout: Duration,
+    at: Option<Instant>,
+}
+
+/// Spin passes between two looks at the clock.
+const CLOCK_CHECK_PASSES: u32 = 1024;
+
+impl Deadline {
+    fn after(timeout: Duration) -> Deadline {
+        Deadline { timeout, at: None }
+    }
+
+    /// The bound, starting it at `now` if this is the first check.
+    fn at(&mut self, now: Instant) -> Instant {
+        *self.at.get_or_insert(now + self.timeout)
+    }
+
+    /// Whether the bound passed (the first call starts it: false).
+    fn passed(&mut self) -> bool {
+        let now = Instant::now();
+        now >= self.at(now)
+    }
+}
+
 /// A message a port delivered to its handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Delivery {
@@ -208,18 +239,18 @@ impl Port {
         let Some(seq) = self.domain.state.leave(self.slot)? else {
             return Ok(());
         };
-        let deadline = Instant::now() + timeout;
+        let mut deadline = Deadline::after(timeout);
         loop {
             match self.domain.state.snapshot_holds(self.slot, seq) {
                 Ok(false) => return Ok(()),
                 Ok(true) => break,
-                Err(()) if Instant::now() >= deadline => return Ok(()),
+                Err(()) if deadline.passed() => return Ok(()),
                 Err(()) => spin_pass(),
             }
         }
         let domain = self.domain.clone();
         let state = &domain.state;
-        self.idle_until(deadline, None, |port| {
+        self.idle_until(&mut deadline, None, |port| {
             port.poll();
             port.last_seen >= seq || state.in_flight() != Some(seq) || state.failed_seq() != 0
         });
@@ -255,9 +286,9 @@ impl Port {
     /// Wait up to `timeout` for a message and handle it. Returns the
     /// messages handled (0 on timeout or shutdown).
     pub fn serve(&mut self, timeout: Duration) -> u32 {
-        let deadline = Instant::now() + timeout;
+        let mut deadline = Deadline::after(timeout);
         let mut handled = 0;
-        self.idle_until(deadline, None, |port| {
+        self.idle_until(&mut deadline, None, |port| {
             handled += port.poll();
             handled > 0 || port.domain.is_shutdown()
         });
@@ -265,21 +296,28 @@ impl Port {
     }
 
     /// Multicast `payload` to every member present now (less this slot)
-    /// and wait for all their acknowledgements, for at most `timeout`.
-    /// While waiting this port keeps serving its own mailbox.
+    /// and wait for all their acknowledgements, for at most `timeout`
+    /// (from the wait's first look at the clock, within its first spin
+    /// passes: see [`CLOCK_CHECK_PASSES`]). While waiting this port
+    /// keeps serving its own mailbox.
     pub fn multicast(&mut self, payload: u64, timeout: Duration) -> Result<Completion, FanoutError> {
-        let deadline = Instant::now() + timeout;
-        let flight = self.claim(deadline, timeout)?;
-        let domain = self.domain.clone();
-        domain.state.start(&flight, payload);
+        let mut deadline = Deadline::after(timeout);
+        let flight = self.claim(&mut deadline, timeout)?;
+        // No `Arc` clone here: its count shares a line with the domain's
+        // fields every port polls, and a clone and drop per multicast took
+        // that line from the members (two line transfers more on the
+        // critical path).
+        self.domain.state.start(&flight, payload);
         let mut cursor = 0usize;
-        let done = self.idle_until(deadline, Some(&flight), |port| {
+        let done = self.idle_until(&mut deadline, Some(&flight), |port| {
             port.poll();
-            match domain.state.layout() {
-                Layout::Flat => domain.state.flat_acked(&flight, &mut cursor),
-                _ => domain.state.is_done(flight.seq),
+            let state = &port.domain.state;
+            match state.layout() {
+                Layout::Flat => state.flat_acked(&flight, &mut cursor),
+                _ => state.is_done(flight.seq),
             }
         });
+        let domain = &self.domain;
         if done {
             domain.state.finish(&flight);
             return Ok(Completion {
@@ -297,7 +335,7 @@ impl Port {
         })
     }
 
-    fn claim(&mut self, deadline: Instant, timeout: Duration) -> Result<Flight, FanoutError> {
+    fn claim(&mut self, deadline: &mut Deadline, timeout: Duration) -> Result<Flight, FanoutError> {
         let mut passes = 0u32;
         loop {
             match self.domain.state.claim(self.slot) {
@@ -308,7 +346,7 @@ impl Port {
                     self.poll();
                     passes = passes.wrapping_add(1);
                     if passes.is_multiple_of(64) {
-                        if Instant::now() >= deadline {
+                        if deadline.passed() {
                             return Err(FanoutError::Busy {
                                 slot: self.slot,
                                 waited_ms: timeout.as_millis() as u64,
@@ -331,7 +369,7 @@ impl Port {
     /// for at most `park_max`.
     fn idle_until(
         &mut self,
-        deadline: Instant,
+        deadline: &mut Deadline,
         flight: Option<&Flight>,
         mut done: impl FnMut(&mut Port) -> bool,
     ) -> bool {
@@ -343,13 +381,14 @@ impl Port {
             }
             passes = passes.saturating_add(1);
             if passes <= wait.spins {
-                if passes.is_multiple_of(1024) && Instant::now() >= deadline {
+                if passes.is_multiple_of(CLOCK_CHECK_PASSES) && deadline.passed() {
                     return false;
                 }
                 spin_pass();
                 continue;
             }
             let now = Instant::now();
+            let deadline = deadline.at(now);
             if now >= deadline {
                 return false;
             }

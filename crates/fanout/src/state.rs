@@ -17,12 +17,21 @@
 //!  0x0040  membership          members u64 (bit s = slot s joined; bit 63 IN_FLIGHT)
 //!  0x0080  flight              last_seq u64 | snapshot_seq u64 | targets u64 | failed_seq u64
 //!  0x00c0  completion          done_seq u64 (+SLEEPING) | waiter u32
-//!  0x0100  mailbox[0..63]      seq u64 (+SLEEPING) | payload u64 | targets u64
-//!                              | acked_seq u64 (+SLEEPING) | ack_to u32
-//!  0x10c0  gather[0..63]       pending u32 | ack_to u32
-//!  0x2080  slot[0..63]         pid u32 (the attached process; 0: free) | wake u32 (futex word)
-//!  0x3040  end (12,352 bytes; 63 = the live slots, one membership word)
+//!  0x0100  mailbox[0..63]      seq u64 (+SLEEPING) | payload u64 | targets u64 | ack_to u32
+//!  0x10c0  acked[0..63]        acked_seq u64 (+SLEEPING)
+//!  0x2080  gather[0..63]       pending u32 | ack_to u32
+//!  0x3040  slot[0..63]         pid u32 (the attached process; 0: free) | wake u32 (futex word)
+//!  0x4000  end (16,384 bytes; 63 = the live slots, one membership word)
 //! ```
+//!
+//! A slot's acknowledgement (`acked`) has a line of its own, apart from
+//! its mailbox: the mailbox line is written by the sender and read by
+//! the slot, the acked line written by the slot alone (and read by the
+//! origin of a flat multicast, which waits on it, and after a timeout).
+//! Sharing one line made every acknowledgement take the mailbox line
+//! back from the sender before the completion could be written (a
+//! locked swap drains the store buffer), one line transfer more on the
+//! critical path of every multicast.
 //!
 //! All-zero is the initial state (a fresh `ftruncate`d file is a valid
 //! empty domain once its header is written).
@@ -43,7 +52,7 @@
 
 use std::ptr::NonNull;
 
-use crate::plan::{ack_count, child_action, ChildAction, Layout};
+use crate::plan::{ack_count, child_action, visited_children, ChildAction, Layout};
 use crate::sync::{AtomicU32, AtomicU64, Ordering, WakeWord};
 use crate::topology::{SlotSet, Tree};
 use crate::FanoutError;
@@ -126,8 +135,13 @@ struct MailboxLine {
     seq: AtomicU64,
     payload: AtomicU64,
     targets: AtomicU64,
-    acked_seq: AtomicU64,
     ack_to: AtomicU32,
+}
+
+/// The last multicast a slot acknowledged (written by that slot only).
+#[repr(C, align(64))]
+struct AckedLine {
+    acked_seq: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -154,6 +168,7 @@ pub struct Region {
     flight: FlightLine,
     completion: CompletionLine,
     mailboxes: [MailboxLine; REGION_SLOTS],
+    acked: [AckedLine; REGION_SLOTS],
     gathers: [GatherLine; REGION_SLOTS],
     slots: [SlotLine; REGION_SLOTS],
 }
@@ -166,21 +181,23 @@ const _: () = {
     assert!(size_of::<FlightLine>() == 64);
     assert!(size_of::<CompletionLine>() == 64);
     assert!(size_of::<MailboxLine>() == 64);
+    assert!(size_of::<AckedLine>() == 64);
     assert!(size_of::<GatherLine>() == 64);
     assert!(size_of::<SlotLine>() == 64);
     assert!(offset_of!(HeaderLine, magic) == 0);
     assert!(offset_of!(HeaderLine, slots) == 24);
     assert!(offset_of!(HeaderLine, tree_hash) == 32);
     assert!(offset_of!(HeaderLine, region_tag) == 40);
-    assert!(offset_of!(MailboxLine, acked_seq) == 24);
+    assert!(offset_of!(MailboxLine, ack_to) == 24);
     assert!(offset_of!(SlotLine, wake) == 4);
     assert!(offset_of!(Region, membership) == 0x40);
     assert!(offset_of!(Region, flight) == 0x80);
     assert!(offset_of!(Region, completion) == 0xc0);
     assert!(offset_of!(Region, mailboxes) == 0x100);
-    assert!(offset_of!(Region, gathers) == 0x10c0);
-    assert!(offset_of!(Region, slots) == 0x2080);
-    assert!(size_of::<Region>() == 0x3040);
+    assert!(offset_of!(Region, acked) == 0x10c0);
+    assert!(offset_of!(Region, gathers) == 0x2080);
+    assert!(offset_of!(Region, slots) == 0x3040);
+    assert!(size_of::<Region>() == 0x4000);
     assert!(std::mem::align_of::<Region>() == 64);
 };
 
@@ -193,6 +210,7 @@ pub(crate) const REGION_TAG: u64 = {
         size_of::<Region>() as u64,
         REGION_SLOTS as u64,
         offset_of!(Region, mailboxes) as u64,
+        offset_of!(Region, acked) as u64,
         offset_of!(Region, gathers) as u64,
         offset_of!(Region, slots) as u64,
         offset_of!(MailboxLine, ack_to) as u64,
@@ -255,8 +273,10 @@ impl Region {
                 seq: AtomicU64::new(0),
                 payload: AtomicU64::new(0),
                 targets: AtomicU64::new(0),
-                acked_seq: AtomicU64::new(0),
                 ack_to: AtomicU32::new(0),
+            }),
+            acked: std::array::from_fn(|_| AckedLine {
+                acked_seq: AtomicU64::new(0),
             }),
             gathers: std::array::from_fn(|_| GatherLine {
                 pending: AtomicU32::new(0),
@@ -547,7 +567,14 @@ impl State {
         let targets = members & !bit;
         // Relaxed: read by a completer after its swap of a word this
         // origin armed (compare-exchange, Release) before it parked.
-        self.r().completion.waiter.store(origin as u32, Ordering::Relaxed);
+        // Written only when the origin changes: the completion line is
+        // the one the last multicast's completer wrote, and a store here
+        // would take it back before the send (one line transfer more on
+        // the critical path of an origin that multicasts in a row).
+        let waiter = &self.r().completion.waiter;
+        if waiter.load(Ordering::Relaxed) != origin as u32 {
+            waiter.store(origin as u32, Ordering::Relaxed);
+        }
         self.r().flight.targets.store(targets, Ordering::Relaxed);
         // Release: partner of the Acquire load in `snapshot_holds`.
         self.r().flight.snapshot_seq.store(seq, Ordering::Release);
@@ -640,30 +667,35 @@ impl State {
                 slot as u32
             }
         };
-        for &child in self.tree.children(slot) {
-            let child = child as usize;
-            match child_action(&self.tree, self.layout, child, &set) {
-                ChildAction::Send => self.send(
-                    child,
-                    Message {
-                        ack_to: mine,
-                        ..message
-                    },
-                ),
-                ChildAction::Help => {
-                    debug_assert!(!set.contains(child), "helping_only_non_targets");
-                    self.scatter(
-                        child,
-                        Message {
-                            ack_to: mine,
-                            ..message
-                        },
-                    );
-                }
-                ChildAction::Skip => {}
+        let below = Message {
+            ack_to: mine,
+            ..message
+        };
+        if self.layout == Layout::TreeHelpSkip {
+            for (child, action) in visited_children(&self.tree, slot, &set) {
+                self.scatter_child(child, action, below);
+            }
+        } else {
+            for &child in self.tree.children(slot) {
+                let child = child as usize;
+                self.scatter_child(child, child_action(&self.tree, self.layout, child, &set), below);
             }
         }
         mine
+    }
+
+    /// One child's part of a scatter: a send, help (its scatter done
+    /// here), or nothing.
+    #[inline]
+    fn scatter_child(&self, child: usize, action: ChildAction, message: Message) {
+        match action {
+            ChildAction::Send => self.send(child, message),
+            ChildAction::Help => {
+                debug_assert!(message.targets & (1 << child) == 0, "helping_only_non_targets");
+                self.scatter(child, message);
+            }
+            ChildAction::Skip => {}
+        }
     }
 
     /// The message in `slot`'s mailbox if it is newer than `last_seen`.
@@ -687,7 +719,7 @@ impl State {
     /// The last multicast `slot` acknowledged.
     pub fn acked_seq(&self, slot: usize) -> u64 {
         // Acquire: partner of the Release store in `acknowledge`.
-        self.r().mailboxes[slot].acked_seq.load(Ordering::Acquire) & !SLEEPING
+        self.r().acked[slot].acked_seq.load(Ordering::Acquire) & !SLEEPING
     }
 
     /// Whether `slot` is to handle (deliver) `message`, or only forward it.
@@ -698,7 +730,7 @@ impl State {
     /// What the receiver does after its scatter (and handler, if it is a
     /// target): acknowledge its own contribution to `mine`.
     pub fn acknowledge(&self, slot: usize, seq: u64, mine: u32) {
-        let acked = &self.r().mailboxes[slot].acked_seq;
+        let acked = &self.r().acked[slot].acked_seq;
         if mine == ACK_FLAG {
             // Release: partner of the Acquire loads in `flat_acked` and
             // `unacknowledged`; a swap returns the origin's SLEEPING bit
@@ -765,7 +797,7 @@ impl State {
         }
         let first = (0..self.slots()).find(|&s| flight.targets & (1 << s) != 0 && self.acked_seq(s) != flight.seq);
         match first {
-            Some(s) => arm(&self.r().mailboxes[s].acked_seq, |v| v != flight.seq),
+            Some(s) => arm(&self.r().acked[s].acked_seq, |v| v != flight.seq),
             None => false,
         }
     }

@@ -119,9 +119,37 @@ impl SlotSet {
         false
     }
 
+    /// The first slot of the set at or after `from` (`None`: none).
+    /// Bit scans, a word at a time: a flat send and a skipping scatter
+    /// step from one target to the next without testing the slots
+    /// between.
+    #[inline]
+    pub fn next_from(&self, from: usize) -> Option<usize> {
+        let mut word = from / 64;
+        if word >= self.words.len() {
+            return None;
+        }
+        let mut bits = self.words[word] & (u64::MAX << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + bits.trailing_zeros() as usize);
+            }
+            word += 1;
+            if word == self.words.len() {
+                return None;
+            }
+            bits = self.words[word];
+        }
+    }
+
     /// The slots in increasing order.
     pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..SLOTS_MAX).filter(move |s| self.contains(*s))
+        let mut next = self.next_from(0);
+        std::iter::from_fn(move || {
+            let slot = next?;
+            next = self.next_from(slot + 1);
+            Some(slot)
+        })
     }
 }
 
@@ -134,6 +162,9 @@ pub struct Tree {
     /// One past the last slot of each slot's subtree.
     subtree_end: Vec<u16>,
     depth: Vec<u16>,
+    /// The greatest depth (kept: every acknowledgement's climb is bounded
+    /// by it, and scanning `depth` there cost O(slots) per multicast).
+    height: u16,
     /// The CPU each slot is meant to run on.
     cpu_of_slot: Vec<u32>,
 }
@@ -201,12 +232,14 @@ impl Tree {
         for s in 1..slots {
             depth[s] = depth[parent[s] as usize] + 1;
         }
+        let height = depth.iter().copied().max().unwrap_or(0);
         let tree = Tree {
             shape,
             parent,
             children,
             subtree_end,
             depth,
+            height,
             cpu_of_slot,
         };
         tree.check_preorder();
@@ -247,8 +280,9 @@ impl Tree {
     pub fn depth(&self, slot: usize) -> usize {
         self.depth[slot] as usize
     }
+    #[inline]
     pub fn height(&self) -> usize {
-        self.depth.iter().copied().max().unwrap_or(0) as usize
+        self.height as usize
     }
     pub fn cpu_of_slot(&self, slot: usize) -> u32 {
         self.cpu_of_slot[slot]

@@ -93,7 +93,7 @@ pub fn measure(
     members: usize,
     warmup: u64,
     iterations: u64,
-) -> Result<hdrhistogram::Histogram<u64>, String> {
+) -> Result<super::Timed, String> {
     let exe: PathBuf = std::env::current_exe().map_err(|e| format!("the spindle binary: {e}"))?;
     let name = format!("bench-{}-{}-{members}", std::process::id(), layout.name());
     let domain = Domain::create_shm(&name, tree.clone(), layout, bench_wait()).map_err(|e| e.to_string())?;
@@ -109,7 +109,7 @@ pub fn measure(
     let expected = group.iter().fold(0u64, |m, s| m | 1 << s);
     let result = std::thread::scope(|scope| {
         scope
-            .spawn(|| -> Result<hdrhistogram::Histogram<u64>, String> {
+            .spawn(|| -> Result<super::Timed, String> {
                 let _ = probe::pin_to_cpu(origin_cpu);
                 let mut origin = domain.attach(0, |_| {}).map_err(|e| e.to_string())?;
                 origin.join().map_err(|e| e.to_string())?;
@@ -125,13 +125,13 @@ pub fn measure(
                     let child = c.spawn().map_err(|e| format!("spawn {}: {e}", exe.display()))?;
                     children.0.push((slot, child));
                 }
-                let h = super::time_multicasts(&domain, &mut origin, expected, warmup, iterations)?;
+                let timed = super::time_multicasts(&domain, &mut origin, expected, warmup, iterations)?;
                 origin.leave(Duration::from_secs(1)).map_err(|e| e.to_string())?;
                 drop(origin);
                 // Wake the members' sleeps: they see the origin gone.
                 domain.shutdown();
-                check_members(&mut children, &group, warmup + iterations)?;
-                Ok(h)
+                check_members(&mut children, &group, timed.multicasts)?;
+                Ok(timed)
             })
             .join()
             .map_err(|_| "the origin thread panicked".to_string())?
