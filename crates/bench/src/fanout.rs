@@ -161,6 +161,14 @@ pub struct Probes {
     pub wake_futex_ns: Option<f64>,
     #[serde(default)]
     pub wake_unpark_ns: Option<f64>,
+    /// The 2-member multicast's hardware floor between the same CPUs: its
+    /// two hand-offs alone, each a locked swap on a line of its own
+    /// ([`probe::handoff_round_trip_ns`]), and the 2-member tree_help_skip
+    /// back-to-back time over it.
+    #[serde(default)]
+    pub handoff_round_trip_ns: Option<f64>,
+    #[serde(default)]
+    pub two_member_back_to_back_over_handoff: Option<f64>,
 }
 
 /// Model against a real run, one point.
@@ -335,9 +343,11 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
     let pair = group_slots(slots, 2);
     let round_trip_ns =
         probe::cache_line_round_trip_ns(tree.cpu_of_slot(pair[0]) as usize, tree.cpu_of_slot(pair[1]) as usize);
+    let handoff_ns =
+        probe::handoff_round_trip_ns(tree.cpu_of_slot(pair[0]) as usize, tree.cpu_of_slot(pair[1]) as usize);
     let (join_ns, leave_ns) = probe::join_leave_ns();
     let (wake_futex_ns, wake_unpark_ns) = (probe::wake_ns(), probe::unpark_wake_ns());
-    println!("  cache-line round trip {round_trip_ns:.0} ns; join {join_ns:.1} ns, leave {leave_ns:.1} ns; wake: futex {wake_futex_ns:.0} ns, unpark {wake_unpark_ns:.0} ns");
+    println!("  cache-line round trip {round_trip_ns:.0} ns; the two hand-offs of a multicast (a locked swap each, two lines) {handoff_ns:.0} ns; join {join_ns:.1} ns, leave {leave_ns:.1} ns; wake: futex {wake_futex_ns:.0} ns, unpark {wake_unpark_ns:.0} ns");
     let modes: &[&str] = if args.procs {
         &["threads", "processes"]
     } else {
@@ -383,18 +393,20 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
     let p50 = |layout: &str| p50_of("threads", layout);
     let procs_over = |layout: &str| p50_of("processes", layout).map(|p| p / round_trip_ns);
     if let (Some(skip), Some(flat)) = (p50("tree_help_skip"), p50("flat")) {
+        let back_to_back = out
+            .rows
+            .iter()
+            .find(|r| r.mode == "threads" && r.layout == "tree_help_skip" && r.members == 2)
+            .and_then(|r| r.back_to_back_ns);
         let probes = Probes {
             cache_line_round_trip_ns: round_trip_ns,
             join_ns,
             leave_ns,
             two_member_p50_over_round_trip: skip / round_trip_ns,
             two_member_flat_p50_over_round_trip: flat / round_trip_ns,
-            two_member_back_to_back_over_round_trip: out
-                .rows
-                .iter()
-                .find(|r| r.mode == "threads" && r.layout == "tree_help_skip" && r.members == 2)
-                .and_then(|r| r.back_to_back_ns)
-                .map(|b| b / round_trip_ns),
+            two_member_back_to_back_over_round_trip: back_to_back.map(|b| b / round_trip_ns),
+            handoff_round_trip_ns: Some(handoff_ns),
+            two_member_back_to_back_over_handoff: back_to_back.map(|b| b / handoff_ns),
             join_over_round_trip: join_ns / round_trip_ns,
             leave_over_round_trip: leave_ns / round_trip_ns,
             within_2x_round_trip: skip <= 2.0 * round_trip_ns
@@ -413,8 +425,11 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
             probes.leave_over_round_trip,
             probes.within_2x_round_trip
         );
-        if let Some(b) = probes.two_member_back_to_back_over_round_trip {
-            println!("  2 members back to back (clock read once per batch, as the round trip): tree_help_skip {b:.2}x the round trip");
+        if let (Some(b), Some(h)) = (
+            probes.two_member_back_to_back_over_round_trip,
+            probes.two_member_back_to_back_over_handoff,
+        ) {
+            println!("  2 members back to back (clock read once per batch, as the round trip): tree_help_skip {b:.2}x the round trip, {h:.2}x the two hand-offs");
         }
         if let (Some(skip), Some(flat)) = (
             probes.procs_two_member_p50_over_round_trip,
@@ -430,6 +445,7 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
             leave_ns,
             wake_futex_ns: Some(wake_futex_ns),
             wake_unpark_ns: Some(wake_unpark_ns),
+            handoff_round_trip_ns: Some(handoff_ns),
             ..Probes::default()
         });
     }

@@ -100,6 +100,50 @@ fn round_trip_pinned(a: usize, b: usize) -> f64 {
     median(samples[10..].to_vec())
 }
 
+/// The hardware floor of a 2-member multicast between CPUs `a` and `b`:
+/// its two hand-offs alone, each a locked swap on a line of its own (the
+/// mailbox there, the completion back), as the multicast does them, and
+/// nothing else (no claim, no scatter, no finish). Median of batches.
+pub fn handoff_round_trip_ns(a: usize, b: usize) -> f64 {
+    std::thread::spawn(move || handoff_pinned(a, b))
+        .join()
+        .expect("the hand-off thread")
+}
+
+fn handoff_pinned(a: usize, b: usize) -> f64 {
+    const ROUND_TRIPS: u64 = 1_000;
+    let lines = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
+    let total = (BATCHES as u64 + 10) * ROUND_TRIPS;
+    let answer = {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            let _ = pin_to_cpu(b);
+            for i in 1..=total {
+                while lines.0 .0.load(Ordering::Acquire) != i {
+                    std::hint::spin_loop();
+                }
+                lines.1 .0.swap(i, Ordering::AcqRel);
+            }
+        })
+    };
+    let _ = pin_to_cpu(a);
+    let mut next = 0u64;
+    let mut samples = Vec::with_capacity(BATCHES + 10);
+    for _ in 0..BATCHES + 10 {
+        let t0 = Instant::now();
+        for _ in 0..ROUND_TRIPS {
+            next += 1;
+            lines.0 .0.swap(next, Ordering::AcqRel);
+            while lines.1 .0.load(Ordering::Acquire) != next {
+                std::hint::spin_loop();
+            }
+        }
+        samples.push(t0.elapsed().as_nanos() as f64 / ROUND_TRIPS as f64);
+    }
+    answer.join().expect("the answering thread");
+    median(samples[10..].to_vec())
+}
+
 /// The cost of one join and of one leave (uncontended), in ns.
 pub fn join_leave_ns() -> (f64, f64) {
     let slots = spindle_fanout::SLOTS_MAX_LIVE;
