@@ -297,9 +297,9 @@ impl Port {
 
     /// Multicast `payload` to every member present now (less this slot)
     /// and wait for all their acknowledgements, for at most `timeout`
-    /// (from the wait's first look at the clock, within its first spin
-    /// passes: see [`CLOCK_CHECK_PASSES`]). While waiting this port
-    /// keeps serving its own mailbox.
+    /// (counted from the wait's first look at the clock, within its
+    /// first 1,024 spin passes). While waiting this port keeps serving
+    /// its own mailbox.
     pub fn multicast(&mut self, payload: u64, timeout: Duration) -> Result<Completion, FanoutError> {
         let mut deadline = Deadline::after(timeout);
         let flight = self.claim(&mut deadline, timeout)?;
