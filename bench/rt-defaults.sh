@@ -8,6 +8,13 @@
 #
 #   bench/rt-defaults.sh [--runs N] [--out NAME] [--lock FILE]
 #
+# Each run is bounded by `timeout 420` (5,000 periods of at most 50 ms: 250 s,
+# plus the calibrations). The host record (`spindle rt ring
+# --host-record`: $SPINDLE_RT_HOST_RECORD, else $XDG_STATE_HOME/spindle/,
+# else ~/.local/state/spindle/interference-HOST.json) is what plain runs
+# use and add to; each row notes what it held before the run. The script
+# never removes it: delete it first to measure a host's first runs.
+#
 # --lock FILE: wrap each run in `flock FILE` (on a shared machine, so that
 # each run has the CPUs to itself and others can work between runs).
 # SPINDLE: the binary (default target/release/spindle; build it first with
@@ -30,6 +37,15 @@ case "$runs" in ''|*[!0-9]*) echo "--runs '$runs': expected a number" >&2; exit 
 bin="${SPINDLE:-target/release/spindle}"
 [ -x "$bin" ] || { echo "$bin not found: cargo build --release -p spindle-cli" >&2; exit 2; }
 command -v jq >/dev/null || { echo "needs jq" >&2; exit 2; }
+host=$(cat /proc/sys/kernel/hostname)
+record="${SPINDLE_RT_HOST_RECORD:-${XDG_STATE_HOME:-$HOME/.local/state}/spindle/interference-$host.json}"
+record_state() {
+    if [ "$record" != off ] && [ -s "$record" ]; then
+        jq -c '{interference_max_ns, release_jitter_max_ns, observed_s: (.observed_ns / 1e9 | floor)}' "$record" 2>/dev/null || echo null
+    else
+        echo null
+    fi
+}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 out_json="bench/results/$name.json"
@@ -37,8 +53,8 @@ out_txt="bench/results/$name.txt"
 : > "$out_txt"
 # Rewritten after every run: an interrupted series keeps what it measured.
 aggregate() {
-    jq -s --arg cmd "$bin rt ring" --arg host "$(uname -srm), $(nproc) CPUs" --argjson planned "$runs" '{
-        command: $cmd, runs_planned: $planned, runs: length, host: $host,
+    jq -s --arg cmd "$bin rt ring" --arg host "$(uname -srm), $(nproc) CPUs" --argjson planned "$runs" --arg record "$record" '{
+        command: $cmd, runs_planned: $planned, runs: length, host: $host, host_record: $record,
         machine: (map(select(.machine != null)) | .[0].machine // null),
         summary: {
             ran_clean: (map(select(.outcome == "ran" and .missed == 0 and .late == 0)) | length),
@@ -52,19 +68,20 @@ aggregate() {
 }
 for i in $(seq 1 "$runs"); do
     started=$(date -u +%FT%TZ)
+    before=$(record_state)
     set +e
     if [ -n "$lock" ]; then
-        flock "$lock" "$bin" rt ring --json "$tmp/run.json" > "$tmp/run.txt" 2>&1
+        flock "$lock" timeout 420 "$bin" rt ring --json "$tmp/run.json" > "$tmp/run.txt" 2>&1
     else
-        "$bin" rt ring --json "$tmp/run.json" > "$tmp/run.txt" 2>&1
+        timeout 420 "$bin" rt ring --json "$tmp/run.json" > "$tmp/run.txt" 2>&1
     fi
     rc=$?
     set -e
     ended=$(date -u +%FT%TZ)
-    { echo "=== run $i: $bin rt ring (exit $rc, $started – $ended, load $(cut -d' ' -f1-3 /proc/loadavg))"; cat "$tmp/run.txt"; echo; } >> "$out_txt"
+    { echo "=== run $i: $bin rt ring (exit $rc, $started – $ended, load $(cut -d' ' -f1-3 /proc/loadavg); host record before: $before)"; cat "$tmp/run.txt"; echo; } >> "$out_txt"
     if [ -s "$tmp/run.json" ]; then
-        jq --argjson run "$i" --argjson rc "$rc" --arg started "$started" --arg ended "$ended" --arg load "$(cut -d' ' -f1-3 /proc/loadavg)" '{
-            run: $run, exit: $rc, started: $started, ended: $ended, load_after: $load,
+        jq --argjson run "$i" --argjson rc "$rc" --arg started "$started" --arg ended "$ended" --arg load "$(cut -d' ' -f1-3 /proc/loadavg)" --argjson before "$before" '{
+            run: $run, exit: $rc, started: $started, ended: $ended, load_after: $load, host_record_before: $before,
             outcome, admitted, rejected_at_commit, period_ns, periods,
             deadline_ns: (.tasks[0].deadline_ns // null),
             missed, late, jobs, miss_rate, interference_exceeded,
@@ -74,12 +91,15 @@ for i in $(seq 1 "$runs"); do
                 release_jitter_admitted_ns: .interference.release_jitter_admitted_ns,
                 calibration_lost_max_ns: .interference.lost_max_ns, calibration_s: (.interference.calibration_ns / 1e9),
                 run_gap_max_ns: .interference.run_gap_max_ns, run_release_late_max_ns: .interference.run_release_late_max_ns,
-                run_over_admitted: .interference.run_over_admitted, late_wakes_spin, missed_early, overruns}],
+                run_over_admitted: .interference.run_over_admitted,
+                interference_recorded_ns: .interference.interference_recorded_ns,
+                release_jitter_recorded_ns: .interference.release_jitter_recorded_ns,
+                late_wakes_spin, missed_early, overruns}],
             machine
         }' "$tmp/run.json" > "$tmp/row-$i.json"
     else
-        jq -n --argjson run "$i" --argjson rc "$rc" --arg started "$started" --arg ended "$ended" --arg tail "$(tail -5 "$tmp/run.txt")" \
-            '{run: $run, exit: $rc, started: $started, ended: $ended, outcome: "failed (no JSON)", output_tail: $tail}' > "$tmp/row-$i.json"
+        jq -n --argjson run "$i" --argjson rc "$rc" --arg started "$started" --arg ended "$ended" --arg tail "$(tail -5 "$tmp/run.txt")" --argjson before "$before" \
+            '{run: $run, exit: $rc, started: $started, ended: $ended, host_record_before: $before, outcome: "failed (no JSON)", output_tail: $tail}' > "$tmp/row-$i.json"
     fi
     rm -f "$tmp/run.json"
     jq -c '{run, exit, outcome, period_ns, deadline_ns, missed, late}' "$tmp/row-$i.json"

@@ -39,8 +39,12 @@ fn ring_runs_and_reports_the_documented_keys() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ring.json");
     let plot = dir.path().join("ring.svg");
+    let record = dir.path().join("state/interference.json");
     let out = run(spindle()
         .args(["rt", "ring", "--periods", "20", "--period-us", "20000", "--no-fifo"])
+        .arg("--host-record")
+        .arg(&record)
+        .args(["--host-warmup-s", "0"])
         // A loaded machine without SCHED_FIFO: budgets that do not depend on it.
         .args([
             "--jitter-samples",
@@ -84,6 +88,81 @@ fn ring_runs_and_reports_the_documented_keys() {
     }
     assert_eq!(v["outcome"], "ran", "{v}");
     assert!(text(&out).contains("interference: admitted"), "{}", text(&out));
+    // What the launcher and the members observed went into the host record.
+    let r = json(&record);
+    assert_eq!(r["version"], 1, "{r}");
+    assert!(r["observations"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["host"].is_string() && r["interference_max_ns"].is_u64(), "{r}");
+}
+
+#[test]
+fn a_stall_in_the_host_record_makes_admission_reject_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("interference.json");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let host = if host.is_empty() {
+        "unknown-host".to_string()
+    } else {
+        host
+    };
+    // A run on this host once lost its CPU for 30 ms: the 20 ms ring
+    // (deadlines ≈ 2 ms) cannot promise its deadlines, whatever this
+    // run's (zero-length) calibration sees.
+    let stall = serde_json::json!({
+        "version": 1,
+        "host": host,
+        "interference_max_ns": 30_000_000u64,
+        "interference_seen": {"unix_time_s": 1_764_000_000u64, "source": "spindle rt ring, node B: in the run, longest gap of a dispatcher spin"},
+        "release_jitter_max_ns": 0,
+        "release_jitter_seen": null,
+        "observations": 1,
+        // Watched for an hour: no warm-up calibration first.
+        "observed_ns": 3_600_000_000_000u64
+    });
+    std::fs::write(&record, stall.to_string()).unwrap();
+    let path = dir.path().join("ring-recorded.json");
+    let out = run(short_ring()
+        .arg("--host-record")
+        .arg(&record)
+        .args(["--clock-budget-us", "500", "--json"])
+        .arg(&path));
+    assert!(
+        !out.status.success(),
+        "a rejected ring exits with an error: {}",
+        text(&out)
+    );
+    let v = json(&path);
+    assert_eq!(v["outcome"], "rejected at commit", "{v}");
+    let reason = v["rejected_at_commit"].as_str().unwrap().to_string();
+    for needle in ["task 'n", "needs a deadline of at least", "interference 30000000 ns"] {
+        assert!(reason.contains(needle), "'{needle}' not in: {reason}");
+    }
+    let t = text(&out);
+    assert!(
+        t.contains("30000 µs (spindle rt ring, node B"),
+        "the record's source is printed: {t}"
+    );
+    for n in v["nodes"].as_array().unwrap() {
+        assert_eq!(n["interference"]["interference_recorded_ns"], 30_000_000u64, "{n}");
+    }
+    // --no-host-record admits on the run's own calibration (declared 0 here).
+    let out = run(short_ring()
+        .arg("--host-record")
+        .arg(&record)
+        .arg("--no-host-record")
+        .args(["--clock-budget-us", "500"]));
+    assert!(
+        text(&out).contains("cannot be used with"),
+        "--host-record and --no-host-record conflict: {}",
+        text(&out)
+    );
+    let out =
+        run(short_ring()
+            .arg("--no-host-record")
+            .args(["--declared-interference-us", "0", "--clock-budget-us", "500"]));
+    assert!(out.status.success(), "without the record: {}", text(&out));
 }
 
 #[test]
@@ -222,6 +301,10 @@ fn bad_input_names_the_bad_value() {
         (
             vec!["rt", "ring", "--calibration-ms", "999999999"],
             "--calibration-ms 999999999",
+        ),
+        (
+            vec!["rt", "ring", "--host-record", "/proc/version"],
+            "host record /proc/version: not a valid record",
         ),
     ] {
         let out = run(spindle().args(&args));

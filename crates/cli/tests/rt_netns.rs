@@ -113,6 +113,8 @@ fn spindle_rt(net: &Net, args: &[&str], json: &Path) -> Output {
     let mut cmd: Vec<&str> = vec!["timeout", COMMAND_TIMEOUT_S, env!("CARGO_BIN_EXE_spindle"), "rt"];
     cmd.extend_from_slice(args);
     cmd.extend_from_slice(&["--transport", "tcp", "--netns", &netns]);
+    // Never this host's record of interference (nor adding to it).
+    cmd.push("--no-host-record");
     cmd.extend_from_slice(&["--json", json.to_str().unwrap()]);
     sh(&cmd)
 }

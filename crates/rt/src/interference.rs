@@ -18,6 +18,10 @@
 //! - **during the run**, the dispatcher records the longest gap of every
 //!   spin and every release's lateness; the watchdog reports when they
 //!   exceed what admission assumed ([`crate::watchdog`]).
+//! - **between runs**, a [`HostRecord`] keeps the worst of everything
+//!   observed on the host (calibrations and runs); worst-case admission
+//!   takes at least its figures, so a stall a run once saw is charged to
+//!   the next commit.
 //!
 //! ```text
 //!  calibration:  sleep ─▶ spin to target (gaps) ─▶ target: lateness = J sample ─▶ probe spin (gaps) = I sample ─▶ sleep …
@@ -126,6 +130,12 @@ pub struct InterferenceReport {
     /// What admission used: release jitter and interference.
     pub release_jitter_admitted_ns: u64,
     pub interference_admitted_ns: u64,
+    /// The host record's figures admission took at least ([`HostRecord`];
+    /// 0: no record, or statistical mode).
+    #[serde(default)]
+    pub release_jitter_recorded_ns: u64,
+    #[serde(default)]
+    pub interference_recorded_ns: u64,
     /// Seen during the run: the longest gap of a dispatcher spin and the
     /// latest release; how many spins / releases exceeded what was admitted.
     #[serde(default)]
@@ -153,6 +163,13 @@ impl InterferenceReport {
             self.lost_max_ns / 1_000,
             self.gap_max_ns / 1_000,
         );
+        if self.interference_recorded_ns > 0 || self.release_jitter_recorded_ns > 0 {
+            s += &format!(
+                "; at least this host's record: interference {} µs, release jitter {} µs",
+                self.interference_recorded_ns / 1_000,
+                self.release_jitter_recorded_ns / 1_000
+            );
+        }
         s += &format!(
             "; in the run: longest gap {} µs, latest release {} µs",
             self.run_gap_max_ns / 1_000,
@@ -165,6 +182,143 @@ impl InterferenceReport {
             );
         }
         s
+    }
+}
+
+/// What a host has shown over its lifetime, kept between runs (the CLI
+/// stores it in a file per host: see `spindle rt ring --host-record`):
+/// the worst interference and the worst release lateness ever observed
+/// there, by a calibration or during a run, each with when and by what.
+///
+/// A calibration of seconds does not see a stall that comes once a
+/// minute; a run of minutes does, and the watchdog reports it. Keeping
+/// that observation lets the *next* commit charge it: in worst-case mode
+/// admission takes at least the recorded figures ([`HostRecord::floor`]),
+/// so a host that once stalled for 11 ms rejects, at commit and with the
+/// reason, a set whose deadlines cannot absorb 11 ms, instead of accepting
+/// it and missing. The record only grows; to forget it, delete the file.
+///
+/// Pure data: the caller supplies the time and does the I/O.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HostRecord {
+    /// Format version ([`HostRecord::VERSION`]).
+    pub version: u32,
+    /// The host it was observed on (its hostname).
+    pub host: String,
+    /// The longest time the host kept a thread that wanted to run off its
+    /// CPU (a calibration's lost time, a dispatcher spin's longest gap).
+    pub interference_max_ns: u64,
+    pub interference_seen: Option<Observation>,
+    /// The latest release (a calibration wake-up's or a run's).
+    pub release_jitter_max_ns: u64,
+    pub release_jitter_seen: Option<Observation>,
+    /// How many observations were merged (calibrations and runs).
+    pub observations: u64,
+    /// How long this host has been watched in all (calibrations and
+    /// runs): a worst case seen over a minute says little of an hour.
+    #[serde(default)]
+    pub observed_ns: u64,
+}
+
+/// When and by what a recorded figure was observed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Observation {
+    pub unix_time_s: u64,
+    pub source: String,
+}
+
+/// Which figure an observation is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Figure {
+    Interference,
+    ReleaseJitter,
+}
+
+impl HostRecord {
+    pub const VERSION: u32 = 1;
+    /// Longest source text kept (bounded file).
+    pub const SOURCE_BYTES_MAX: usize = 200;
+
+    pub fn new(host: &str) -> HostRecord {
+        HostRecord {
+            version: Self::VERSION,
+            host: host.to_string(),
+            ..HostRecord::default()
+        }
+    }
+
+    /// Merge one observation; true when the recorded figure grew.
+    pub fn observe(&mut self, figure: Figure, value_ns: u64, unix_time_s: u64, source: &str) -> bool {
+        self.observations = self.observations.saturating_add(1);
+        let (max, seen) = match figure {
+            Figure::Interference => (&mut self.interference_max_ns, &mut self.interference_seen),
+            Figure::ReleaseJitter => (&mut self.release_jitter_max_ns, &mut self.release_jitter_seen),
+        };
+        if value_ns <= *max {
+            return false;
+        }
+        *max = value_ns;
+        let mut source = source.to_string();
+        if source.len() > Self::SOURCE_BYTES_MAX {
+            let mut end = Self::SOURCE_BYTES_MAX;
+            while !source.is_char_boundary(end) {
+                end -= 1;
+            }
+            source.truncate(end);
+        }
+        *seen = Some(Observation { unix_time_s, source });
+        debug_assert!(*max == value_ns);
+        true
+    }
+
+    /// Add `ns` of watching (a calibration, a run) to the record; true
+    /// when it grew.
+    pub fn watched(&mut self, ns: u64) -> bool {
+        self.observed_ns = self.observed_ns.saturating_add(ns);
+        ns > 0
+    }
+
+    /// The least release jitter and interference admission takes in
+    /// `mode`, `(jitter, interference)`: the recorded maxima in worst-case
+    /// mode; none in statistical mode (a single worst value says nothing
+    /// of a quantile: that mode admits on its calibration's quantiles).
+    pub fn floor(&self, mode: AdmissionMode) -> (u64, u64) {
+        match mode {
+            AdmissionMode::WorstCase => (self.release_jitter_max_ns, self.interference_max_ns),
+            AdmissionMode::Statistical { .. } => (0, 0),
+        }
+    }
+
+    /// Checks a record read back: the version, and a figure for every
+    /// observation source.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.version != Self::VERSION {
+            return Err(format!(
+                "version {} (this spindle reads version {})",
+                self.version,
+                Self::VERSION
+            ));
+        }
+        if (self.interference_max_ns > 0) != self.interference_seen.is_some()
+            || (self.release_jitter_max_ns > 0) != self.release_jitter_seen.is_some()
+        {
+            return Err("a recorded figure without its observation (or the reverse)".into());
+        }
+        Ok(())
+    }
+
+    pub fn describe(&self) -> String {
+        let one = |ns: u64, seen: &Option<Observation>| match seen {
+            Some(o) => format!("{} µs ({}, unix time {})", ns / 1_000, o.source, o.unix_time_s),
+            None => "none".to_string(),
+        };
+        format!(
+            "worst interference {}; worst release lateness {}; {} observations over {:.0} s",
+            one(self.interference_max_ns, &self.interference_seen),
+            one(self.release_jitter_max_ns, &self.release_jitter_seen),
+            self.observations,
+            self.observed_ns as f64 / 1e9
+        )
     }
 }
 
@@ -229,5 +383,51 @@ mod tests {
         r.run_gap_max_ns = 838_000;
         r.run_over_admitted = 1;
         assert!(r.exceeded() && r.describe().contains("EXCEEDED"), "{}", r.describe());
+    }
+    #[test]
+    fn a_host_record_only_grows_and_keeps_what_saw_it() {
+        let mut r = HostRecord::new("vm1");
+        assert_eq!(r.floor(AdmissionMode::WorstCase), (0, 0));
+        assert!(r.observe(Figure::Interference, 838_000, 10, "calibration, node B"));
+        assert!(r.observe(Figure::Interference, 11_301_000, 20, "run, node A"));
+        assert!(
+            !r.observe(Figure::Interference, 5_000_000, 30, "run, node C"),
+            "smaller: kept"
+        );
+        assert!(r.observe(Figure::ReleaseJitter, 9_595_000, 20, "run, node B"));
+        assert_eq!(r.interference_max_ns, 11_301_000);
+        let seen = r.interference_seen.clone().unwrap();
+        assert_eq!((seen.unix_time_s, seen.source.as_str()), (20, "run, node A"));
+        assert_eq!(r.observations, 4);
+        assert!(r.watched(5_000_000_000) && !r.watched(0));
+        assert_eq!(r.observed_ns, 5_000_000_000);
+        assert_eq!(r.floor(AdmissionMode::WorstCase), (9_595_000, 11_301_000));
+        assert_eq!(r.floor(AdmissionMode::Statistical { miss_budget: 1e-4 }), (0, 0));
+        assert!(r.validate().is_ok());
+        assert!(r.describe().contains("11301 µs (run, node A"), "{}", r.describe());
+        // Bounded sources, cut on a character boundary.
+        let long = "é".repeat(300);
+        assert!(r.observe(Figure::ReleaseJitter, 20_000_000, 40, &long));
+        assert!(r.release_jitter_seen.as_ref().unwrap().source.len() <= HostRecord::SOURCE_BYTES_MAX);
+    }
+
+    #[test]
+    fn a_host_record_round_trips_and_a_bad_one_says_why() {
+        let mut r = HostRecord::new("vm1");
+        r.observe(Figure::Interference, 4_468_000, 1_764_000_000, "run, node B");
+        let text = serde_json::to_string(&r).unwrap();
+        let back: HostRecord = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, r);
+        assert!(back.validate().is_ok());
+        let old = HostRecord {
+            version: 0,
+            ..r.clone()
+        };
+        assert!(old.validate().unwrap_err().contains("version 0"));
+        let torn = HostRecord {
+            interference_seen: None,
+            ..r
+        };
+        assert!(torn.validate().is_err());
     }
 }

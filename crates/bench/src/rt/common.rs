@@ -14,8 +14,9 @@ use spindle_rt::node::{calibrate_host, CalibrationPlan, CALIBRATION_NS_MAX, INTE
 use spindle_rt::os::{drop_rt_priority, request_rt_privileges};
 use spindle_rt::spin::{calibrate_spin, spin_cap_ns, SpinReport};
 
-use super::{CommonArgs, MS, US};
+use super::{host_record, CommonArgs, MS, US};
 use crate::cluster::{read_results, Cluster};
+use spindle_rt::interference::{Figure, HostRecord};
 
 // ───────────────────────────── arguments ─────────────────────────────
 
@@ -91,6 +92,13 @@ pub(super) fn check_sizes(sizes: &[usize]) -> Result<(), String> {
 
 pub(super) fn base_spec(scenario: Scenario, common: &CommonArgs, members: usize) -> Result<ScenarioSpec, String> {
     check_common(common)?;
+    let admission = AdmissionMode::parse(&common.admission, common.miss_budget)?;
+    // This host's record: worst-case admission takes at least its figures.
+    let host_record = host_record::path_of(common);
+    let (jitter_recorded_ns, interference_recorded_ns) = match &host_record {
+        Some(path) => host_record::load(path, &host_record::hostname())?.floor(admission),
+        None => (0, 0),
+    };
     let result_dir = std::env::temp_dir().join(format!(
         "spindle-rt-{}-{}",
         std::process::id(),
@@ -125,9 +133,12 @@ pub(super) fn base_spec(scenario: Scenario, common: &CommonArgs, members: usize)
         best_effort_quota: 2,
         transport: transport_of(common, members)?,
         watchdog: !common.no_watchdog,
-        admission: AdmissionMode::parse(&common.admission, common.miss_budget)?,
+        admission,
         calibration_ns: common.calibration_ms * MS,
         interference_declared_ns: common.declared_interference_us.map(|i| i * US),
+        release_jitter_recorded_ns: jitter_recorded_ns,
+        interference_recorded_ns,
+        host_record,
     })
 }
 
@@ -261,7 +272,43 @@ pub(super) fn run_members(spec: &ScenarioSpec, timeout: Duration) -> Result<Vec<
     let result = spawn_and_wait(spec, timeout);
     let reports = result.and_then(|()| read_results(spec.members, |rank| MemberReport::path(&spec.result_dir, rank)));
     let _ = std::fs::remove_dir_all(&spec.result_dir);
+    if let (Ok(reports), Some(path)) = (&reports, &spec.host_record) {
+        // The time the runs that were not rejected took.
+        let run_ns: u64 = reports.first().map_or(0, |r: &MemberReport| {
+            r.runs
+                .iter()
+                .filter(|run| run.rejected_at_commit.is_none())
+                .map(|run| spec.periods.saturating_mul(run.period_ns))
+                .sum()
+        });
+        record_observations(path, spec.scenario.name(), &mut |r, now| {
+            host_record::merge_reports(r, spec.scenario.name(), reports, run_ns, now)
+        });
+    }
     reports
+}
+
+/// Merge what was observed into the host record at `path` and say so
+/// when it grew; a record that cannot be written is reported, not fatal
+/// (the measurement stands).
+pub(super) fn record_observations(path: &Path, what: &str, merge: &mut dyn FnMut(&mut HostRecord, u64) -> bool) {
+    match host_record::update(path, merge) {
+        Ok(Some(r)) => println!("host record {} (after {what}): {}", path.display(), r.describe()),
+        Ok(None) => {}
+        Err(e) => eprintln!("{e}: not updated"),
+    }
+}
+
+/// The host record as one line for a report ("none": no file or disabled).
+pub(super) fn describe_host_record(spec: &ScenarioSpec) -> String {
+    match &spec.host_record {
+        None => "host record: not used (--no-host-record or SPINDLE_RT_HOST_RECORD=off)".into(),
+        Some(path) => match host_record::load(path, &host_record::hostname()) {
+            Ok(r) if r.observations == 0 => format!("host record {}: none yet", path.display()),
+            Ok(r) => format!("host record {}: {}", path.display(), r.describe()),
+            Err(e) => e,
+        },
+    }
 }
 
 pub(super) fn spawn_and_wait(spec: &ScenarioSpec, timeout: Duration) -> Result<(), String> {
@@ -297,14 +344,15 @@ pub(super) struct Here {
 }
 
 /// Release jitter and interference of this machine, measured here (with
-/// SCHED_FIFO when asked and permitted) over `--calibration-ms` to choose
+/// SCHED_FIFO when asked and permitted) over `duration_ns` to choose
 /// default parameters, as the members will (`calibrate_host`). Without
 /// `--spin-us`, the spin window is first tuned from 1 ms sleeps (capped at
 /// 1 ms, as for a 16 ms period); the text says which window was used.
-pub(super) fn calibrate_here(common: &CommonArgs) -> Result<Here, String> {
-    let mode = AdmissionMode::parse(&common.admission, common.miss_budget)?;
+pub(super) fn calibrate_here(common: &CommonArgs, spec: &ScenarioSpec, duration_ns: u64) -> Result<Here, String> {
+    let mode = spec.admission;
+    let (jitter_recorded_ns, interference_recorded_ns) =
+        (spec.release_jitter_recorded_ns, spec.interference_recorded_ns);
     let (fifo, samples, spin) = (!common.no_fifo, common.jitter_samples, common.spin_us);
-    let duration_ns = common.calibration_ms * MS;
     std::thread::spawn(move || {
         let p = request_rt_privileges(fifo, 80, false);
         let (window, how) = match spin {
@@ -327,14 +375,35 @@ pub(super) fn calibrate_here(common: &CommonArgs) -> Result<Here, String> {
         Here {
             jitter: Summary::of(&host.release_jitter_ns),
             lost: Summary::of(&host.lost_ns),
-            jitter_margin_ns: mode.margin_ns(&host.release_jitter_ns),
-            interference_margin_ns: mode.margin_ns(&host.lost_ns),
+            // At least what this host has ever shown (its record).
+            jitter_margin_ns: mode.margin_ns(&host.release_jitter_ns).max(jitter_recorded_ns),
+            interference_margin_ns: mode.margin_ns(&host.lost_ns).max(interference_recorded_ns),
             duration_ns: host.duration_ns,
             text: format!("{}; {how}", p.describe()),
         }
     })
     .join()
     .map_err(|_| "the calibrating thread panicked".to_string())
+    .inspect(|here| {
+        if let Some(path) = &spec.host_record {
+            record_observations(path, "the launcher's calibration", &mut |r, now| {
+                let source = "the launcher's calibration";
+                let mut grew = r.watched(here.duration_ns);
+                grew |= r.observe(
+                    Figure::Interference,
+                    here.lost.max,
+                    now,
+                    &format!("{source}, lost time"),
+                );
+                grew | r.observe(
+                    Figure::ReleaseJitter,
+                    here.jitter.max,
+                    now,
+                    &format!("{source}, wake-up lateness"),
+                )
+            });
+        }
+    })
 }
 
 pub(super) fn write_json<T: Serialize>(path: &Option<PathBuf>, value: &T) -> Result<(), String> {

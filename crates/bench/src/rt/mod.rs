@@ -21,6 +21,7 @@ use scenario::{run_member, ScenarioSpec};
 mod clock;
 mod common;
 mod compare;
+pub mod host_record;
 mod jitter;
 mod latency;
 mod plot;
@@ -98,6 +99,18 @@ pub struct CommonArgs {
     /// Declare the interference (µs) instead of using the calibrated one.
     #[arg(long)]
     pub declared_interference_us: Option<u64>,
+    /// This host's record of the worst interference and release lateness
+    /// ever observed here (calibrations and runs): worst-case admission
+    /// takes at least those, and every run adds what it saw. Default:
+    /// $SPINDLE_RT_HOST_RECORD, else $XDG_STATE_HOME/spindle/ (or
+    /// ~/.local/state/spindle/) interference-HOSTNAME.json. Delete the file
+    /// to forget.
+    #[arg(long)]
+    pub host_record: Option<PathBuf>,
+    /// Neither read nor write the host record (admit on this run's
+    /// calibration alone). Also: SPINDLE_RT_HOST_RECORD=off.
+    #[arg(long, conflicts_with = "host_record")]
+    pub no_host_record: bool,
     /// Injected clock offsets per node (µs, comma-separated; node 0 is the master).
     #[arg(long, default_value = "0,1500,-800")]
     pub offset_us: String,

@@ -9,8 +9,9 @@ use serde::Serialize;
 
 use super::common::*;
 use super::plot::{two_panel_plot, Series};
-use super::{CommonArgs, MS, US};
+use super::{host_record, CommonArgs, MS, US};
 use crate::report::Machine;
+use spindle_rt::node::CALIBRATION_NS_MAX;
 
 #[derive(Args, Debug, Clone)]
 pub struct RingArgs {
@@ -39,6 +40,13 @@ pub struct RingArgs {
     /// Declared compute time of the user tasks (µs).
     #[arg(long, default_value_t = 50)]
     pub user_compute_us: u64,
+    /// While this host's record (--host-record) holds less than this many
+    /// seconds of observation, the launcher first calibrates until it does
+    /// (at most this long): stalls that come once a minute are not seen in
+    /// 5 s. 0: never (then a new host's first run may be admitted on a
+    /// calibration that missed them).
+    #[arg(long, default_value_t = 60)]
+    pub host_warmup_s: u64,
 }
 
 /// One task of a run, as printed and recorded.
@@ -128,7 +136,8 @@ pub(super) fn ring(args: RingArgs) -> Result<(), String> {
     }
     let mut spec = base_spec(Scenario::Ring, &args.common, 3)?;
     let eps = spec.clock_bound_budget_ns;
-    let here = calibrate_here(&args.common)?;
+    let here_ns = launcher_calibration_ns(&args, &spec)?;
+    let here = calibrate_here(&args.common, &spec, here_ns)?;
     let mut period_ns = args.period_us.unwrap_or(5_000) * US;
     let (stages, params, force) = match args.params.as_str() {
         "default" => {
@@ -203,6 +212,15 @@ pub(super) fn ring(args: RingArgs) -> Result<(), String> {
         spec.admission.describe(),
         args.common.calibration_ms
     );
+    let record_line = describe_host_record(&spec);
+    println!(
+        "{record_line}{}",
+        if spec.interference_recorded_ns + spec.release_jitter_recorded_ns > 0 {
+            " — admission takes at least these"
+        } else {
+            ""
+        }
+    );
     println!("task parameters (µs):");
     println!(
         "  {:<5} {:<6} {:>8} {:>8} {:>8} {:>8}",
@@ -225,12 +243,38 @@ pub(super) fn ring(args: RingArgs) -> Result<(), String> {
     print_ring(&report);
     write_json(&args.common.json, &report)?;
     if let Some(reason) = &report.rejected_at_commit {
-        return Err(format!("admission rejected the ring at commit, nothing ran: {reason}"));
+        return Err(format!(
+            "admission rejected the ring at commit, nothing ran: {reason} ({record_line})"
+        ));
     }
     if let Some(path) = &args.common.plot {
         plot_ring(path, &report)?;
     }
     Ok(())
+}
+
+/// How long the launcher calibrates: `--calibration-ms`, or longer while
+/// the host record holds less than `--host-warmup-s` of observation (says
+/// so when it does).
+fn launcher_calibration_ns(args: &RingArgs, spec: &ScenarioSpec) -> Result<u64, String> {
+    let asked_ns = args.common.calibration_ms * MS;
+    let warmup_ns = args.host_warmup_s.saturating_mul(1_000 * MS).min(CALIBRATION_NS_MAX);
+    let Some(path) = spec.host_record.as_ref().filter(|_| warmup_ns > 0) else {
+        return Ok(asked_ns);
+    };
+    let observed_ns = host_record::load(path, &host_record::hostname())?.observed_ns;
+    let missing_ns = warmup_ns.saturating_sub(observed_ns);
+    if missing_ns <= asked_ns {
+        return Ok(asked_ns);
+    }
+    println!(
+        "host record {}: this host has been watched for {:.0} s, less than --host-warmup-s {}: calibrating for {:.0} s first",
+        path.display(),
+        observed_ns as f64 / 1e9,
+        args.host_warmup_s,
+        missing_ns as f64 / 1e9
+    );
+    Ok(missing_ns)
 }
 
 /// The default deadline leaves room for this many times the release

@@ -47,6 +47,18 @@ pub enum Scenario {
     Clock,
 }
 
+impl Scenario {
+    /// The `spindle rt` command that runs it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Scenario::Ring => "ring",
+            Scenario::Latency => "latency",
+            Scenario::Compare => "compare",
+            Scenario::Clock => "clock",
+        }
+    }
+}
+
 /// One task of a pipeline, in time order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageSpec {
@@ -190,6 +202,17 @@ pub struct ScenarioSpec {
     /// (tests, and runs that want to show what a declared figure does).
     #[serde(default)]
     pub interference_declared_ns: Option<u64>,
+    /// The least release jitter and interference admission takes: this
+    /// host's record (worst-case mode; 0 without a record or in
+    /// statistical mode). See [`crate::rt::host_record`].
+    #[serde(default)]
+    pub release_jitter_recorded_ns: u64,
+    #[serde(default)]
+    pub interference_recorded_ns: u64,
+    /// The host record's file, which the launcher updates after the run
+    /// (members only read the floors above).
+    #[serde(default)]
+    pub host_record: Option<PathBuf>,
 }
 
 fn yes() -> bool {
@@ -529,12 +552,18 @@ fn run_channels<F: Fabric>(
     // preemptions, not only its wake-ups (see `calibration_plan`).
     let host = calibrate_host(calibration_plan(spec, rank, &spin));
     report.calibration_jitter_ns = Summary::of(&host.release_jitter_ns);
-    let jitter_ns = spec
-        .release_jitter_declared_ns
-        .unwrap_or(spec.admission.margin_ns(&host.release_jitter_ns));
-    let interference_ns = spec
-        .interference_declared_ns
-        .unwrap_or(spec.admission.margin_ns(&host.lost_ns));
+    // Declared figures replace the measured ones; measured ones are at
+    // least what this host has ever shown (its record).
+    let jitter_ns = spec.release_jitter_declared_ns.unwrap_or(
+        spec.admission
+            .margin_ns(&host.release_jitter_ns)
+            .max(spec.release_jitter_recorded_ns),
+    );
+    let interference_ns = spec.interference_declared_ns.unwrap_or(
+        spec.admission
+            .margin_ns(&host.lost_ns)
+            .max(spec.interference_recorded_ns),
+    );
     let lost = Summary::of(&host.lost_ns);
     report.interference = InterferenceReport {
         calibration_ns: host.duration_ns,
@@ -544,6 +573,8 @@ fn run_channels<F: Fabric>(
         gap_max_ns: host.gap_max_ns,
         release_jitter_admitted_ns: jitter_ns,
         interference_admitted_ns: interference_ns,
+        release_jitter_recorded_ns: spec.release_jitter_recorded_ns,
+        interference_recorded_ns: spec.interference_recorded_ns,
         ..InterferenceReport::default()
     };
     let outcome = synced.and_then(|bound| {

@@ -21,9 +21,13 @@ pub fn write_key_file(path: &std::path::Path, line: &str) {
     writeln!(f, "{line}").unwrap();
 }
 
-/// The `spindle` binary built for these tests.
+/// The `spindle` binary built for these tests. `spindle rt` neither reads
+/// nor writes this host's interference record unless a test names one
+/// (`--host-record` in a temporary directory).
 pub fn spindle() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_spindle"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_spindle"));
+    cmd.env("SPINDLE_RT_HOST_RECORD", "off");
+    cmd
 }
 
 /// Run to completion with no standard input.
