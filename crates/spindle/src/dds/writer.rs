@@ -46,7 +46,6 @@ pub struct WriterStatus {
 struct WriteState {
     napa: Option<Napa>,
     seq: u64,
-    last_send_ns: u64,
     /// When NAPA's pacing clock has the next sample due.
     next_due_ns: u64,
     /// The position after the last sample written (acknowledged when the
@@ -108,7 +107,6 @@ impl WriterShared {
             state: Mutex::new(WriteState {
                 napa,
                 seq: 0,
-                last_send_ns: 0,
                 next_due_ns: 0,
                 end_position: 0,
             }),
@@ -252,15 +250,16 @@ impl WriterShared {
         };
         SampleHeader::new(&meta, value_bytes as u32, None).write_to(payload);
         let position = slot.position();
-        // The send time is taken before the commit: a writer descheduled
+        // NAPA's send time is taken before the commit: a writer descheduled
         // right after it must not see its sample acknowledged "before" it
-        // was sent (an RTT sample of nothing that would shrink W).
-        let sent_ns = monotonic_ns();
+        // was sent (an RTT sample of nothing that would shrink W). Without
+        // NAPA nothing reads it: no clock read (it was a third of a small
+        // sample's write).
+        let sent_ns = st.napa.is_some().then(monotonic_ns);
         slot.commit_len(SAMPLE_HEADER_BYTES + value_bytes);
         self.sender.wake_progress();
         st.end_position = position + 1;
-        st.last_send_ns = sent_ns;
-        if let Some(napa) = st.napa.as_mut() {
+        if let (Some(napa), Some(sent_ns)) = (st.napa.as_mut(), sent_ns) {
             napa.on_sent(position + 1, sent_ns);
         }
         self.samples_written.fetch_add(1, Ordering::Relaxed);
