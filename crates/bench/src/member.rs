@@ -560,7 +560,9 @@ fn send_end_marker<F: Fabric>(s: &spindle_group::Sender<F>, spec: &MemberSpec) -
     }
 }
 
-/// Send up to `burst` messages; returns how many were committed.
+/// Send up to `burst` messages; returns how many were committed. The
+/// slots are reserved together (one atomic for the burst, not one per
+/// message), and no more are reserved than are sent.
 #[inline]
 fn send_burst<F: Fabric>(
     s: &spindle_group::Sender<F>,
@@ -569,25 +571,33 @@ fn send_burst<F: Fabric>(
     burst: u64,
     sent_checksum: &mut u64,
 ) -> Result<u64, String> {
-    let mut n = 0;
-    while n < burst && (spec.count == 0 || sent + n < spec.count) {
-        let counter = sent + n;
-        match s.reserve(spec.size) {
-            Ok(mut slot) => {
-                let ts = if counter.is_multiple_of(spec.sample_every) {
-                    monotonic_ns()
-                } else {
-                    0
-                };
-                payload::fill(slot.payload_mut(), ts, counter);
-                slot.commit();
-                *sent_checksum = sent_checksum.wrapping_add(payload::expected_checksum(spec.size, ts, counter));
-                n += 1;
-            }
-            Err(SendError::WouldBlock) => break,
-            Err(e) => return Err(e.to_string()),
-        }
+    let want = if spec.count == 0 {
+        burst
+    } else {
+        burst.min(spec.count.saturating_sub(sent))
+    };
+    if want == 0 {
+        return Ok(0);
     }
+    let mut batch = match s.reserve_batch(want as usize, spec.size) {
+        Ok(batch) => batch,
+        Err(SendError::WouldBlock) => return Ok(0),
+        Err(e) => return Err(e.to_string()),
+    };
+    let mut n = 0;
+    while let Some(mut slot) = batch.next_slot() {
+        let counter = sent + n;
+        let ts = if counter.is_multiple_of(spec.sample_every) {
+            monotonic_ns()
+        } else {
+            0
+        };
+        payload::fill(slot.payload_mut(), ts, counter);
+        slot.commit();
+        *sent_checksum = sent_checksum.wrapping_add(payload::expected_checksum(spec.size, ts, counter));
+        n += 1;
+    }
+    debug_assert!(n >= 1 && n <= want, "a burst sends what its batch reserved, no more");
     Ok(n)
 }
 

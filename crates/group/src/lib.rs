@@ -52,5 +52,5 @@ pub use crate::core::{Delivery, GroupCore, Positions};
 pub use crate::error::{GroupError, SendError};
 pub use crate::group::{Group, GroupAgent, GroupThread};
 pub use crate::membership::{Upcalls, View};
-pub use crate::sender::{SendSlot, Sender};
+pub use crate::sender::{SendBatch, SendSlot, Sender};
 pub use crate::state_machine::{Replicated, StateMachine};

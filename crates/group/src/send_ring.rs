@@ -9,6 +9,10 @@
 //! - `reserve` (any thread): CAS `reserved` from `r` to `r + 1` while
 //!   `r < limit`: the thread owns slot position `r`. No lock, no wait:
 //!   a full window returns `None` (back-pressure).
+//! - `reserve_many(n_max)` (any thread): the same CAS from `r` to `r + n`,
+//!   `n = min(n_max, limit - r)`: the thread owns positions `r..r + n`.
+//!   One atomic read-modify-write (a full barrier on x86) for the run
+//!   instead of one per slot.
 //! - `commit(r)` (the owner): store `r + 1` in `committed[r % W]` with
 //!   Release. Storing the position (not a flag) makes a stale mark from
 //!   the previous lap of the ring harmless.
@@ -18,6 +22,8 @@
 //!   which then makes it visible to peers with the guard.
 //! - `set_limit` (progress loop): flow control raises `limit` to
 //!   `min(released) + W`.
+
+use std::ops::Range;
 
 use crossbeam_utils::CachePadded;
 
@@ -49,19 +55,41 @@ impl SendRing {
     /// Take the next slot position, or `None` when the window is full.
     #[inline]
     pub fn reserve(&self) -> Option<u64> {
+        self.reserve_many(1).map(|run| run.start)
+    }
+
+    /// Take up to `n_max` consecutive slot positions with one atomic, or
+    /// `None` when the window is full. Fewer than `n_max` come back when
+    /// the window has fewer free slots.
+    #[inline]
+    pub fn reserve_many(&self, n_max: u64) -> Option<Range<u64>> {
+        debug_assert!(n_max >= 1, "a reservation takes at least one slot");
         let mut r = self.reserved.load(Ordering::Relaxed);
         loop {
             // Partner: the Release store in `set_limit`: a position below
             // the limit is one every member has released.
-            if r >= self.limit.load(Ordering::Acquire) {
+            let limit = self.limit.load(Ordering::Acquire);
+            if r >= limit {
                 self.backpressure.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
+            let n = n_max.min(limit - r);
+            // Relaxed: the CAS only divides positions among reserving
+            // threads; what the slots may hold was ordered by the Acquire
+            // above (released by every member) and is published by the
+            // Release in `commit`.
             match self
                 .reserved
-                .compare_exchange_weak(r, r + 1, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange_weak(r, r + n, Ordering::Relaxed, Ordering::Relaxed)
             {
-                Ok(_) => return Some(r),
+                Ok(_) => {
+                    debug_assert!(
+                        r + n <= limit && n <= self.window_slots,
+                        "flow control: positions {r}..{} reserved past the limit {limit}",
+                        r + n
+                    );
+                    return Some(r..r + n);
+                }
                 Err(seen) => r = seen,
             }
         }
@@ -153,5 +181,26 @@ mod tests {
         ring.commit(3);
         ring.commit(4);
         assert_eq!(ring.scan(2), 3, "stale marks from the last lap do not count");
+    }
+
+    #[test]
+    fn reserve_many_takes_what_the_window_has_and_scan_sees_the_run() {
+        let ring = SendRing::new(8);
+        assert_eq!(ring.reserve_many(3), Some(0..3));
+        assert_eq!(ring.reserve(), Some(3));
+        assert_eq!(ring.reserve_many(16), Some(4..8), "clipped to the limit, never past it");
+        assert_eq!(ring.reserve_many(1), None, "full window: back-pressure");
+        assert_eq!(ring.backpressure.load(Ordering::Relaxed), 1);
+        for p in [2, 0, 1] {
+            ring.commit(p);
+        }
+        assert_eq!(
+            ring.scan(0),
+            3,
+            "a run commits slot by slot; scan stops at the first hole"
+        );
+        ring.set_limit(10);
+        assert_eq!(ring.reserve_many(4), Some(8..10));
+        assert_eq!(ring.reserved(), 10);
     }
 }

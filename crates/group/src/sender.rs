@@ -5,6 +5,15 @@
 //!  slot.payload_mut().copy_from_slice(..); // write in place, in the ring in shared memory
 //!  slot.commit();                          // local only: the progress loop publishes it
 //! ```
+//!
+//! A sender with several messages ready reserves them together, with one
+//! atomic instead of one per message:
+//!
+//! ```text
+//!  let mut batch = sender.reserve_batch(64, len)?; // up to 64 slots, one CAS
+//!  while let Some(mut slot) = batch.next_slot() { ..; slot.commit(); }
+//!  // dropping the batch publishes its untaken slots as skip slots
+//! ```
 
 use std::sync::Arc;
 
@@ -47,6 +56,41 @@ impl<F: Fabric> Sender<F> {
     /// inside a delivery callback).
     #[inline]
     pub fn reserve(&self, len: usize) -> Result<SendSlot<'_, F>, SendError> {
+        self.check_send(len)?;
+        let position = self.ring.reserve().ok_or(SendError::WouldBlock)?;
+        // SAFETY: the ring's CAS handed `position` to this call alone.
+        Ok(unsafe { self.slot_at(position, len) })
+    }
+
+    /// Reserve up to `n_max` consecutive slots, each for a payload of `len`
+    /// bytes, with one atomic read-modify-write for all of them (a single
+    /// [`Sender::reserve`] costs one per message, a full barrier on x86).
+    /// Fewer than `n_max` come back when the window has fewer free slots;
+    /// a full window returns [`SendError::WouldBlock`]. Never waits.
+    ///
+    /// Take the slots with [`SendBatch::next_slot`] and commit each; slots
+    /// left untaken when the batch is dropped are published as skip slots
+    /// (no message), as a dropped [`SendSlot`] is, so reserve no more than
+    /// you will send.
+    #[inline]
+    pub fn reserve_batch(&self, n_max: usize, len: usize) -> Result<SendBatch<'_, F>, SendError> {
+        assert!(n_max >= 1, "reserve_batch: n_max must be at least 1");
+        self.check_send(len)?;
+        let run = self.ring.reserve_many(n_max as u64).ok_or(SendError::WouldBlock)?;
+        debug_assert!(
+            !run.is_empty() && run.end - run.start <= n_max as u64,
+            "a batch holds between 1 and n_max slots"
+        );
+        Ok(SendBatch {
+            sender: self,
+            next: run.start,
+            end: run.end,
+            len,
+        })
+    }
+
+    #[inline]
+    fn check_send(&self, len: usize) -> Result<(), SendError> {
         if len > self.layout.slot_payload_max {
             return Err(SendError::TooLarge {
                 len,
@@ -56,21 +100,48 @@ impl<F: Fabric> Sender<F> {
         if self.ring.is_stopped() {
             return Err(SendError::Stopped);
         }
-        let position = self.ring.reserve().ok_or(SendError::WouldBlock)?;
+        Ok(())
+    }
+
+    /// The slot at `position`, its payload `len` bytes.
+    ///
+    /// # Safety
+    ///
+    /// `position` was handed to the caller alone by the ring (`reserve` or
+    /// `reserve_many`), and no other `SendSlot` for it exists or will be
+    /// made: the caller hands it out once.
+    #[inline]
+    unsafe fn slot_at(&self, position: u64, len: usize) -> SendSlot<'_, F> {
+        debug_assert!(len <= self.layout.slot_payload_max, "checked by check_send");
         let off = self.layout.slot_offset(position);
         let row = self.fabric.row(self.fabric.member_rank());
-        // SAFETY: position `position` was handed to us alone by the ring's
-        // CAS, and the flow-control limit guarantees every member released
-        // the slot's previous lap: nobody reads or writes these bytes until
-        // we commit and the progress loop publishes them.
+        // SAFETY:
+        // - position `position` belongs to this slot alone (the caller's
+        //   contract: the ring's CAS gave it to one reservation, which
+        //   makes one slot of it);
+        // - the flow-control limit guarantees every member released the
+        //   slot's previous lap (the Acquire of `limit` in `reserve_many`):
+        //   nobody reads or writes these bytes until we commit and the
+        //   progress loop publishes them;
+        // - `len <= slot_payload_max`, so the bytes lie inside the slot.
         let payload = unsafe { row.bytes_mut(off + SLOT_HEADER_BYTES, len) };
-        Ok(SendSlot {
+        SendSlot {
             sender: self,
             position,
             offset: off,
             payload,
             committed: false,
-        })
+        }
+    }
+
+    /// Write a slot's header and mark it committed for the progress loop.
+    #[inline]
+    fn finish_slot(&self, position: u64, offset: usize, null_count: u32, len: u32) {
+        let row = self.fabric.row(self.fabric.member_rank());
+        row.u32_at(offset + 8).store(null_count, Ordering::Relaxed);
+        row.u32_at(offset + 12).store(len, Ordering::Relaxed);
+        // The Release in `commit` orders the payload and header before the mark.
+        self.ring.commit(position);
     }
 
     /// Copy `payload` into a slot and commit it.
@@ -171,12 +242,10 @@ impl<F: Fabric> SendSlot<'_, F> {
         self.position
     }
 
+    #[inline]
     fn finish(&mut self, null_count: u32, len: u32) {
-        let row = self.sender.fabric.row(self.sender.fabric.member_rank());
-        row.u32_at(self.offset + 8).store(null_count, Ordering::Relaxed);
-        row.u32_at(self.offset + 12).store(len, Ordering::Relaxed);
-        // The Release in `commit` orders the payload and header before the mark.
-        self.sender.ring.commit(self.position);
+        debug_assert!(!self.committed, "no duplication: slot {} finished twice", self.position);
+        self.sender.finish_slot(self.position, self.offset, null_count, len);
         self.committed = true;
     }
 }
@@ -186,5 +255,51 @@ impl<F: Fabric> Drop for SendSlot<'_, F> {
         if !self.committed {
             self.finish(NULL_COUNT_SKIP, 0);
         }
+    }
+}
+
+/// Consecutive slots reserved together by [`Sender::reserve_batch`]: take
+/// them in order with [`SendBatch::next_slot`]. Dropping the batch
+/// publishes the slots not taken as empty skip slots (no message, no
+/// index), so an unused reservation never stalls the ring.
+pub struct SendBatch<'a, F: Fabric> {
+    sender: &'a Sender<F>,
+    /// The next position to hand out; `next..end` are reserved and untaken.
+    next: u64,
+    end: u64,
+    len: usize,
+}
+
+impl<'a, F: Fabric> SendBatch<'a, F> {
+    /// The next reserved slot (payload of the batch's `len` bytes), or
+    /// `None` once all were taken. No atomic read-modify-write.
+    #[inline]
+    pub fn next_slot(&mut self) -> Option<SendSlot<'a, F>> {
+        if self.next == self.end {
+            return None;
+        }
+        let position = self.next;
+        self.next += 1;
+        debug_assert!(self.next <= self.end, "a batch hands out only its own positions");
+        // SAFETY: `next..end` came from one `reserve_many` call, held by
+        // this batch alone; `next` moved past `position`, so it is handed
+        // out exactly once.
+        Some(unsafe { self.sender.slot_at(position, self.len) })
+    }
+
+    /// Slots reserved and not taken yet.
+    #[inline]
+    pub fn remaining(&self) -> usize {
+        (self.end - self.next) as usize
+    }
+}
+
+impl<F: Fabric> Drop for SendBatch<'_, F> {
+    fn drop(&mut self) {
+        for position in self.next..self.end {
+            let offset = self.sender.layout.slot_offset(position);
+            self.sender.finish_slot(position, offset, NULL_COUNT_SKIP, 0);
+        }
+        self.next = self.end;
     }
 }

@@ -112,7 +112,8 @@ pub use crate::group::{Callbacks, Group, RunningGroup};
 pub use crate::transport::{AnyFabric, TcpTransport, Transport};
 
 pub use spindle_group::{
-    Delivery, DeliveryMode, GroupError, Replicated, SendError, SendSlot, SenderSet, StateMachine, Upcalls, View,
+    Delivery, DeliveryMode, GroupError, Replicated, SendBatch, SendError, SendSlot, SenderSet, StateMachine, Upcalls,
+    View,
 };
 pub use spindle_runtime::IdleStrategy;
 

@@ -41,7 +41,7 @@ use spindle_runtime::Agent;
 use super::checker::{Checker, Delivered};
 use super::{Logs, ViewEntry, ViewLogs, Violation};
 use crate::layout::SmcLayout;
-use crate::sender::Sender;
+use crate::sender::{SendSlot, Sender};
 use crate::{DeliveryMode, Group, GroupAgent, GroupConfig, GroupError, SenderSet};
 
 /// Which faults a run may draw.
@@ -184,6 +184,10 @@ pub struct SimPlan {
     /// that sender for good (found by this simulator; the fix belongs in
     /// `GroupCore::deliver_stable`, see `sim_scenarios.rs`).
     pub abandon_per_mille: u64,
+    /// Whether the applications reserve each burst's slots together
+    /// (`Sender::reserve_batch`, one atomic per burst, payloads committed
+    /// with `commit_len`) rather than one `Sender::reserve` per message.
+    pub reserve_batch: bool,
     /// Simulated time per step: `0..=tick_ns_max`.
     pub tick_ns_max: u64,
     pub delay_ns_max: u64,
@@ -254,6 +258,7 @@ impl SimPlan {
             send_per_mille: rng.range(20, 900),
             burst_max: rng.range(1, 8),
             abandon_per_mille: spec.abandon_per_mille,
+            reserve_batch: false,
             tick_ns_max: rng.range(1_000, 40_000),
             delay_ns_max: 0,
             split_chunks_max: 1,
@@ -316,6 +321,9 @@ impl SimPlan {
                 heal_step,
             });
         }
+        // Drawn last, so that the draws above stay what they were before
+        // this field existed.
+        plan.reserve_batch = rng.chance(500);
         plan
     }
 
@@ -358,7 +366,7 @@ impl SimPlan {
     /// One line for the failure report.
     pub fn summary(&self) -> String {
         format!(
-            "senders={} mode={} window_slots={} slot_payload_max={} batching={} send={}‰ burst≤{} abandon={}‰ tick≤{}ns \
+            "senders={} mode={} window_slots={} slot_payload_max={} batching={} send={}‰ burst≤{} abandon={}‰ reserve_batch={} tick≤{}ns \
              delay≤{}ns split≤{} slow_links={:?} speed‰={:?} detect_timeout={}ns suspect_timeout={}ns crash={:?} \
              partition={:?} joiner={:?} leaver={:?}",
             self.senders.as_str(),
@@ -369,6 +377,7 @@ impl SimPlan {
             self.send_per_mille,
             self.burst_max,
             self.abandon_per_mille,
+            self.reserve_batch,
             self.tick_ns_max,
             self.delay_ns_max,
             self.split_chunks_max,
@@ -730,31 +739,27 @@ impl Cluster {
     }
 
     /// A burst of sends from `m`'s application (sometimes an abandoned
-    /// reservation, which publishes a skip slot).
+    /// reservation, which publishes a skip slot), one reservation per
+    /// message or, with `reserve_batch`, one for the whole burst.
     fn app_send(&mut self, m: usize) {
-        let Some(sender) = &self.senders[m] else { return };
+        let Some(sender) = self.senders[m].clone() else { return };
         if !self.rng.chance(self.plan.send_per_mille) {
             return;
         }
         let burst = self.rng.range(1, self.plan.burst_max);
         let first = self.sent[m];
-        for _ in 0..burst {
-            let len = self.rng.below(self.plan.slot_payload_max as u64 + 1) as usize;
-            let Ok(mut slot) = sender.reserve(len) else { break };
-            if self.rng.chance(self.plan.abandon_per_mille) {
-                drop(slot); // abandoned: a skip slot, no message
-                continue;
+        if self.plan.reserve_batch {
+            self.app_send_batch(&sender, m, burst);
+        } else {
+            for _ in 0..burst {
+                let len = self.rng.below(self.plan.slot_payload_max as u64 + 1) as usize;
+                let Ok(slot) = sender.reserve(len) else { break };
+                if self.rng.chance(self.plan.abandon_per_mille) {
+                    drop(slot); // abandoned: a skip slot, no message
+                    continue;
+                }
+                self.fill_and_commit(m, slot, len);
             }
-            let k = self.sent[m];
-            let mut pattern = SimRng::new(self.spec.seed ^ ((m as u64) << 48) ^ k);
-            for chunk in slot.payload_mut().chunks_mut(8) {
-                let word = pattern.next_u64().to_le_bytes();
-                chunk.copy_from_slice(&word[..chunk.len()]);
-            }
-            let hash = xxhash_rust::xxh3::xxh3_64(slot.payload_mut());
-            slot.commit();
-            self.checker.record_sent(m, len as u64, hash);
-            self.sent[m] += 1;
         }
         if self.sent[m] > first {
             let at_ns = self.world.now_ns();
@@ -765,6 +770,43 @@ impl Cluster {
                 count: self.sent[m] - first,
             });
         }
+    }
+
+    /// The burst's slots reserved together, each committed with a length
+    /// drawn after the reservation (`commit_len`); an abandoned slot, or
+    /// the batch's untaken rest, becomes a skip slot.
+    fn app_send_batch(&mut self, sender: &Sender<SimFabric>, m: usize, burst: u64) {
+        let Ok(mut batch) = sender.reserve_batch(burst as usize, self.plan.slot_payload_max) else {
+            return;
+        };
+        while let Some(slot) = batch.next_slot() {
+            let len = self.rng.below(self.plan.slot_payload_max as u64 + 1) as usize;
+            if self.rng.chance(self.plan.abandon_per_mille) {
+                if self.rng.chance(500) {
+                    return; // abandoned with the rest of the batch: skip slots
+                }
+                drop(slot);
+                continue;
+            }
+            self.fill_and_commit(m, slot, len);
+        }
+        debug_assert_eq!(batch.remaining(), 0, "an unabandoned batch is used up");
+    }
+
+    /// Write message `sent[m]`'s pattern into the first `len` bytes of the
+    /// slot and commit them.
+    fn fill_and_commit(&mut self, m: usize, mut slot: SendSlot<'_, SimFabric>, len: usize) {
+        let k = self.sent[m];
+        let mut pattern = SimRng::new(self.spec.seed ^ ((m as u64) << 48) ^ k);
+        let payload = &mut slot.payload_mut()[..len];
+        for chunk in payload.chunks_mut(8) {
+            let word = pattern.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&word[..chunk.len()]);
+        }
+        let hash = xxhash_rust::xxh3::xxh3_64(payload);
+        slot.commit_len(len);
+        self.checker.record_sent(m, len as u64, hash);
+        self.sent[m] += 1;
     }
 
     fn step_member(&mut self, m: usize) -> Result<(), SimFailure> {
