@@ -67,18 +67,50 @@ pub fn cache_line_round_trip_ns(a: usize, b: usize) -> f64 {
 }
 
 fn round_trip_pinned(a: usize, b: usize) -> f64 {
-    const ROUND_TRIPS: u64 = 1_000;
-    let line = Arc::new(Line(AtomicU64::new(0)));
-    let total = (BATCHES as u64 + 10) * ROUND_TRIPS;
-    let pong = {
-        let line = line.clone();
+    // One line: an odd value there, the next even one back, plain stores.
+    exchanges_pinned(
+        a,
+        b,
+        |lines, i| {
+            lines.0 .0.store(2 * i + 1, Ordering::Release);
+            spin_until(&lines.0, 2 * i + 2);
+        },
+        |lines, i| {
+            spin_until(&lines.0, 2 * i + 1);
+            lines.0 .0.store(2 * i + 2, Ordering::Release);
+        },
+    )
+}
+
+/// Two lines, one per direction, for the probes.
+type Lines = (Line, Line);
+
+/// Spin until `line` holds `value` (Acquire: partner of the other
+/// thread's store or swap in the probe).
+fn spin_until(line: &Line, value: u64) {
+    while line.0.load(Ordering::Acquire) != value {
+        std::hint::spin_loop();
+    }
+}
+
+/// Time exchanges between a thread pinned to `a` (`ask`, exchange `i`)
+/// and one pinned to `b` (`answer`): the median over batches of the time
+/// per exchange (the first 10 batches warm up).
+fn exchanges_pinned(
+    a: usize,
+    b: usize,
+    ask: impl Fn(&Lines, u64),
+    answer: impl Fn(&Lines, u64) + Send + 'static,
+) -> f64 {
+    const EXCHANGES: u64 = 1_000;
+    let lines = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
+    let total = (BATCHES as u64 + 10) * EXCHANGES;
+    let answering = {
+        let lines = lines.clone();
         std::thread::spawn(move || {
             let _ = pin_to_cpu(b);
             for i in 0..total {
-                while line.0.load(Ordering::Acquire) != 2 * i + 1 {
-                    std::hint::spin_loop();
-                }
-                line.0.store(2 * i + 2, Ordering::Release);
+                answer(&lines, i);
             }
         })
     };
@@ -87,16 +119,13 @@ fn round_trip_pinned(a: usize, b: usize) -> f64 {
     let mut samples = Vec::with_capacity(BATCHES + 10);
     for _ in 0..BATCHES + 10 {
         let t0 = Instant::now();
-        for _ in 0..ROUND_TRIPS {
-            line.0.store(2 * next + 1, Ordering::Release);
-            while line.0.load(Ordering::Acquire) != 2 * next + 2 {
-                std::hint::spin_loop();
-            }
+        for _ in 0..EXCHANGES {
+            ask(&lines, next);
             next += 1;
         }
-        samples.push(t0.elapsed().as_nanos() as f64 / ROUND_TRIPS as f64);
+        samples.push(t0.elapsed().as_nanos() as f64 / EXCHANGES as f64);
     }
-    pong.join().expect("the pong thread");
+    answering.join().expect("the answering thread");
     median(samples[10..].to_vec())
 }
 
@@ -111,37 +140,19 @@ pub fn handoff_round_trip_ns(a: usize, b: usize) -> f64 {
 }
 
 fn handoff_pinned(a: usize, b: usize) -> f64 {
-    const ROUND_TRIPS: u64 = 1_000;
-    let lines = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
-    let total = (BATCHES as u64 + 10) * ROUND_TRIPS;
-    let answer = {
-        let lines = lines.clone();
-        std::thread::spawn(move || {
-            let _ = pin_to_cpu(b);
-            for i in 1..=total {
-                while lines.0 .0.load(Ordering::Acquire) != i {
-                    std::hint::spin_loop();
-                }
-                lines.1 .0.swap(i, Ordering::AcqRel);
-            }
-        })
-    };
-    let _ = pin_to_cpu(a);
-    let mut next = 0u64;
-    let mut samples = Vec::with_capacity(BATCHES + 10);
-    for _ in 0..BATCHES + 10 {
-        let t0 = Instant::now();
-        for _ in 0..ROUND_TRIPS {
-            next += 1;
-            lines.0 .0.swap(next, Ordering::AcqRel);
-            while lines.1 .0.load(Ordering::Acquire) != next {
-                std::hint::spin_loop();
-            }
-        }
-        samples.push(t0.elapsed().as_nanos() as f64 / ROUND_TRIPS as f64);
-    }
-    answer.join().expect("the answering thread");
-    median(samples[10..].to_vec())
+    // Exchange i writes i + 1 (0 is the lines' initial value).
+    exchanges_pinned(
+        a,
+        b,
+        |lines, i| {
+            lines.0 .0.swap(i + 1, Ordering::AcqRel);
+            spin_until(&lines.1, i + 1);
+        },
+        |lines, i| {
+            spin_until(&lines.0, i + 1);
+            lines.1 .0.swap(i + 1, Ordering::AcqRel);
+        },
+    )
 }
 
 /// The cost of one join and of one leave (uncontended), in ns.
