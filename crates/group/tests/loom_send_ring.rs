@@ -12,6 +12,24 @@ struct Slots([UnsafeCell<u64>; 4]);
 // is exactly what loom checks here (it reports any racing access).
 unsafe impl Sync for Slots {}
 
+/// The progress loop's part: `passes` scans, publishing whatever is
+/// committed in order and checking that each published slot carries its
+/// writer's data (`v % 100 == position`). Returns the positions published.
+fn publish_checked(ring: &SendRing, slots: &Slots, passes: usize) -> u64 {
+    let mut published = 0;
+    for _ in 0..passes {
+        let n = ring.scan(published);
+        for p in published..published + n {
+            // SAFETY: committed (Acquire in scan) and not yet released.
+            let v = slots.0[p as usize].with(|v| unsafe { *v });
+            assert_eq!(v % 100, p, "published slot {p} carries its writer's data");
+        }
+        published += n;
+        loom::thread::yield_now();
+    }
+    published
+}
+
 #[test]
 fn reserved_slots_are_exclusive_and_published_writes_are_visible() {
     loom::model(|| {
@@ -30,17 +48,7 @@ fn reserved_slots_are_exclusive_and_published_writes_are_visible() {
             })
             .collect();
         // The progress loop: publish whatever is committed, in order.
-        let mut published = 0;
-        for _ in 0..3 {
-            let n = ring.scan(published);
-            for p in published..published + n {
-                // SAFETY: committed (Acquire in scan) and not yet released.
-                let v = slots.0[p as usize].with(|v| unsafe { *v });
-                assert_eq!(v % 100, p, "published slot {p} carries its writer's data");
-            }
-            published += n;
-            loom::thread::yield_now();
-        }
+        let mut published = publish_checked(&ring, &slots, 3);
         for w in writers {
             w.join().unwrap();
         }
@@ -79,17 +87,7 @@ fn batched_and_single_reservations_are_exclusive_and_published_in_order() {
                 ring.commit(p);
             })
         };
-        let mut published = 0;
-        for _ in 0..2 {
-            let n = ring.scan(published);
-            for p in published..published + n {
-                // SAFETY: committed (Acquire in scan) and not yet released.
-                let v = slots.0[p as usize].with(|v| unsafe { *v });
-                assert_eq!(v % 100, p, "published slot {p} carries its writer's data");
-            }
-            published += n;
-            loom::thread::yield_now();
-        }
+        let mut published = publish_checked(&ring, &slots, 2);
         batch.join().unwrap();
         single.join().unwrap();
         published += ring.scan(published);

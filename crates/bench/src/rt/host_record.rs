@@ -133,30 +133,26 @@ pub fn merge_reports(
         let node = ["A", "B", "C", "D"].get(r.rank).copied().unwrap_or("?");
         let i = &r.interference;
         let what = |s: &str| format!("spindle rt {command}, node {node}: {s}");
-        grew |= record.observe(
-            Figure::Interference,
-            i.lost_max_ns,
-            now_s,
-            &what("calibration, lost time"),
-        );
-        grew |= record.observe(
-            Figure::ReleaseJitter,
-            r.calibration_jitter_ns.max,
-            now_s,
-            &what("calibration, wake-up lateness"),
-        );
-        grew |= record.observe(
-            Figure::Interference,
-            i.run_gap_max_ns,
-            now_s,
-            &what("in the run, longest gap of a dispatcher spin"),
-        );
-        grew |= record.observe(
-            Figure::ReleaseJitter,
-            i.run_release_late_max_ns,
-            now_s,
-            &what("in the run, latest release"),
-        );
+        for (figure, value_ns, what_it_is) in [
+            (Figure::Interference, i.lost_max_ns, "calibration, lost time"),
+            (
+                Figure::ReleaseJitter,
+                r.calibration_jitter_ns.max,
+                "calibration, wake-up lateness",
+            ),
+            (
+                Figure::Interference,
+                i.run_gap_max_ns,
+                "in the run, longest gap of a dispatcher spin",
+            ),
+            (
+                Figure::ReleaseJitter,
+                i.run_release_late_max_ns,
+                "in the run, latest release",
+            ),
+        ] {
+            grew |= record.observe(figure, value_ns, now_s, &what(what_it_is));
+        }
     }
     grew
 }
