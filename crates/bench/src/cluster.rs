@@ -82,6 +82,24 @@ pub enum ClusterError {
     NoLine { slot: usize, needle: String },
 }
 
+/// How many of the last captured lines a line-wait timeout shows.
+const TIMEOUT_LINES_SHOWN: usize = 40;
+
+/// The last `count` of `lines`, one per line, headed so a reader sees
+/// what the member printed instead of the awaited line.
+fn last_lines(lines: &[String], count: usize) -> String {
+    if lines.is_empty() {
+        return String::new();
+    }
+    let from = lines.len().saturating_sub(count);
+    let mut out = format!("its last {} lines:", lines.len() - from);
+    for line in &lines[from..] {
+        out.push_str("\n  ");
+        out.push_str(line);
+    }
+    out
+}
+
 impl From<ClusterError> for String {
     fn from(e: ClusterError) -> String {
         e.to_string()
@@ -338,7 +356,7 @@ impl Cluster {
                     return Err(ClusterError::Timeout {
                         what: format!("no line with '{needle}' from member {slot}"),
                         timeout,
-                        output: String::new(),
+                        output: last_lines(&process.received, TIMEOUT_LINES_SHOWN),
                     })
                 }
                 Err(RecvTimeoutError::Disconnected) => {
