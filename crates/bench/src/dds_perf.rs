@@ -36,6 +36,10 @@ pub enum DdsCommand {
     /// Throughput and latency between a publisher and a subscriber (or a
     /// ping and a pong), like ddsperf.
     Perf(PerfArgs),
+    /// A writer of one topic (with `--rtps`: meets Cyclone's `ddsperf sub`).
+    Pub(crate::dds_rtps::PubArgs),
+    /// A reader of one topic (with `--rtps`: meets Cyclone's `ddsperf pub`).
+    Sub(crate::dds_rtps::SubArgs),
     /// NAPA in the deterministic simulator: seeds with invariants, or the
     /// seed paper's size sweep.
     Sim(crate::dds_sim::DdsSimArgs),
@@ -45,6 +49,8 @@ pub enum DdsCommand {
 pub fn run(command: DdsCommand) -> Result<(), String> {
     match command {
         DdsCommand::Perf(args) => perf(args),
+        DdsCommand::Pub(args) => crate::dds_rtps::publish(args),
+        DdsCommand::Sub(args) => crate::dds_rtps::sub(args),
         DdsCommand::Sim(args) => crate::dds_sim::run(args),
     }
 }

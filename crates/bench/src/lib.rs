@@ -25,6 +25,7 @@
 pub mod baseline;
 pub mod cluster;
 pub mod dds_perf;
+pub mod dds_rtps;
 pub mod dds_sim;
 pub mod demo;
 pub mod failover;

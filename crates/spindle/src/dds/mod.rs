@@ -48,6 +48,8 @@
 
 mod participant;
 mod reader;
+#[cfg(feature = "rtps")]
+pub mod rtps;
 mod writer;
 
 pub use participant::{DomainParticipant, ParticipantBuilder, Publisher, Subscriber, Topic};

@@ -39,6 +39,8 @@ pub struct ParticipantBuilder {
     join_timeout: Duration,
     idle: IdleStrategy,
     snapshot_bytes_max: usize,
+    #[cfg(feature = "rtps")]
+    rtps: Option<super::rtps::RtpsConfig>,
 }
 
 /// The largest sample a participant's slots carry by default.
@@ -126,6 +128,16 @@ impl ParticipantBuilder {
         self
     }
 
+    /// Speak DDSI-RTPS too (off by default): topics bridged with
+    /// [`DomainParticipant::bridge_rtps`] reach, and hear from, other DDS
+    /// implementations (Cyclone DDS, Fast DDS, RTI Connext, ROS 2) over
+    /// UDP; see [`super::rtps`].
+    #[cfg(feature = "rtps")]
+    pub fn rtps(mut self, config: super::rtps::RtpsConfig) -> Self {
+        self.rtps = Some(config);
+        self
+    }
+
     /// The group layer's configuration this participant runs on.
     pub fn group_config(&self) -> GroupConfig {
         let mut config = GroupConfig::new(&format!("dds-{}", self.domain_id), self.participants);
@@ -202,6 +214,8 @@ impl ParticipantBuilder {
         Ok(DomainParticipant {
             shared,
             thread: Mutex::new(Some(thread)),
+            #[cfg(feature = "rtps")]
+            rtps: super::rtps::RtpsSlot::new(self.rtps),
         })
     }
 }
@@ -247,7 +261,7 @@ impl ParticipantShared {
         Ok(())
     }
 
-    fn new_endpoint_id(&self) -> u64 {
+    pub(crate) fn new_endpoint_id(&self) -> u64 {
         endpoint_id(self.rank, self.next_local_id.fetch_add(1, Ordering::Relaxed))
     }
 
@@ -292,6 +306,8 @@ impl ParticipantShared {
 pub struct DomainParticipant {
     shared: Arc<ParticipantShared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    #[cfg(feature = "rtps")]
+    pub(crate) rtps: super::rtps::RtpsSlot,
 }
 
 impl DomainParticipant {
@@ -311,6 +327,8 @@ impl DomainParticipant {
             join_timeout: Duration::from_millis(spindle_group::config::defaults::JOIN_TIMEOUT_MS),
             idle: IdleStrategy::DEFAULT_BACKOFF,
             snapshot_bytes_max: 1 << 20,
+            #[cfg(feature = "rtps")]
+            rtps: None,
         }
     }
 
@@ -322,6 +340,12 @@ impl DomainParticipant {
     /// This participant's rank.
     pub fn rank(&self) -> usize {
         self.shared.rank
+    }
+
+    /// A fresh local endpoint index (the low 48 bits of an endpoint id).
+    #[cfg(feature = "rtps")]
+    pub(crate) fn new_local_index(&self) -> u64 {
+        self.shared.new_endpoint_id() & ((1 << 48) - 1)
     }
 
     /// Slots of this participant's send window.
@@ -389,6 +413,18 @@ impl DomainParticipant {
         qos: WriterQos,
         napa: Option<NapaConfig>,
     ) -> Result<DataWriter<T>, DdsError> {
+        self.create_writer_as(topic, qos, napa, None)
+    }
+
+    /// A writer with the id `id` (an RTPS bridge's injector takes one in
+    /// its reserved range), or a new one.
+    pub(crate) fn create_writer_as<T: TopicType>(
+        &self,
+        topic: &Topic<T>,
+        qos: WriterQos,
+        napa: Option<NapaConfig>,
+        id: Option<WriterId>,
+    ) -> Result<DataWriter<T>, DdsError> {
         self.shared.check_running()?;
         qos.validate()?;
         if qos.max_sample_bytes as usize > self.shared.max_sample_bytes {
@@ -407,7 +443,7 @@ impl DomainParticipant {
                 )));
             }
         }
-        let id = WriterId(self.shared.new_endpoint_id());
+        let id = id.unwrap_or_else(|| WriterId(self.shared.new_endpoint_id()));
         let shared = Arc::new(WriterShared::new(
             id,
             topic.name.clone(),

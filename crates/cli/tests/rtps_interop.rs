@@ -1,0 +1,268 @@
+//! RTPS interoperability with Cyclone DDS (`ddsperf` from Debian's
+//! `cyclonedds-tools`, installed by `.ci/run`), on loopback only: Spindle
+//! with `--loopback-only`, Cyclone with `CYCLONEDDS_URI` =
+//! `spindle dds sub --print-cyclone-uri`. Each test has its own RTPS
+//! domain id, so the tests may run at once.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SPINDLE: &str = env!("CARGO_BIN_EXE_spindle");
+/// The longest any process of a test may run.
+const PROCESS_WAIT: Duration = Duration::from_secs(120);
+
+fn ddsperf() -> String {
+    let found = Command::new("sh")
+        .args(["-c", "command -v ddsperf"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "ddsperf not found: install Cyclone DDS's tools (`apt-get install cyclonedds-tools`; .ci/run does)"
+    );
+    "ddsperf".into()
+}
+
+fn cyclone_uri() -> String {
+    let out = Command::new(SPINDLE)
+        .args(["dds", "sub", "--print-cyclone-uri"])
+        .output()
+        .expect("run spindle");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Kills the child when dropped (a failed test leaves nothing running).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Wait for `child` to exit (bounded): its output.
+fn finish(child: Reaped, what: &str) -> Output {
+    let started = Instant::now();
+    let mut child = child;
+    loop {
+        if child.0.try_wait().expect("try_wait").is_some() {
+            break;
+        }
+        assert!(
+            started.elapsed() < PROCESS_WAIT,
+            "{what} did not finish within {PROCESS_WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut out = Output {
+        status: child.0.wait().expect("wait"),
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    use std::io::Read;
+    if let Some(mut s) = child.0.stdout.take() {
+        let _ = s.read_to_end(&mut out.stdout);
+    }
+    if let Some(mut s) = child.0.stderr.take() {
+        let _ = s.read_to_end(&mut out.stderr);
+    }
+    out
+}
+
+fn json_file(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    (dir, path)
+}
+
+/// Cyclone's `ddsperf pub` (reliable, keyed `KeyedSeq`, keep-all) writes;
+/// `spindle dds sub --rtps` takes 10,000 samples in order per key.
+fn cyclone_to_spindle(domain: u16, size: usize, rate_hz: u32) {
+    let ddsperf = ddsperf();
+    let (_dir, json) = json_file("sub.json");
+    let sub = Reaped(
+        Command::new(SPINDLE)
+            .args([
+                "dds",
+                "sub",
+                "--rtps",
+                "--loopback-only",
+                "--domain",
+                &domain.to_string(),
+            ])
+            .args(["--count", "10000", "--seconds", "90", "--json"])
+            .arg(&json)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn spindle dds sub"),
+    );
+    let _publisher = Reaped(
+        Command::new(&ddsperf)
+            .env("CYCLONEDDS_URI", cyclone_uri())
+            .args(["-i", &domain.to_string(), "-k", "all", "-D", "100", "pub"])
+            .args([&format!("{rate_hz}Hz"), "size", &size.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ddsperf pub"),
+    );
+    let out = finish(sub, "spindle dds sub");
+    assert!(
+        out.status.success(),
+        "spindle dds sub failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(result["samples"].as_u64().unwrap() >= 10_000, "{result}");
+    assert_eq!(result["in_order"], true, "every key's seq rises by one: {result}");
+    assert_eq!(result["bridge"]["rtps_dropped"], 0, "{result}");
+    let per_sample = result["bytes"].as_u64().unwrap() / result["samples"].as_u64().unwrap();
+    assert_eq!(per_sample as usize, size, "the right bytes: {result}");
+}
+
+/// `spindle dds pub --rtps` writes 10,000 samples; Cyclone's `ddsperf
+/// sub` (reliable, keep-all) counts them and the gaps it saw.
+fn spindle_to_cyclone(domain: u16, size: usize, rate_hz: u32) {
+    let ddsperf = ddsperf();
+    let sub = Reaped(
+        Command::new(&ddsperf)
+            .env("CYCLONEDDS_URI", cyclone_uri())
+            .args([
+                "-i",
+                &domain.to_string(),
+                "-k",
+                "all",
+                "-D",
+                "60",
+                "-Qsamples:10000",
+                "sub",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ddsperf sub"),
+    );
+    let (_dir, json) = json_file("pub.json");
+    let publisher = Reaped(
+        Command::new(SPINDLE)
+            .args([
+                "dds",
+                "pub",
+                "--rtps",
+                "--loopback-only",
+                "--domain",
+                &domain.to_string(),
+            ])
+            .args(["--size", &size.to_string(), "--count", "10000", "--seconds", "60"])
+            .args(["--rate", &rate_hz.to_string(), "--json"])
+            .arg(&json)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn spindle dds pub"),
+    );
+    let out = finish(publisher, "spindle dds pub");
+    assert!(
+        out.status.success(),
+        "spindle dds pub failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(result["acked"], true, "every RTPS reader acknowledged: {result}");
+    assert_eq!(result["bridge"]["to_rtps"], 10_000, "{result}");
+    // ddsperf prints "... total N lost L ..." once a second; give it one
+    // more report after the last sample, then stop it.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut sub = sub;
+    // SAFETY: kill(2) on the ddsperf child's pid: no memory effects.
+    unsafe {
+        libc::kill(sub.0.id() as i32, libc::SIGINT);
+    }
+    let _ = sub.0.wait();
+    let out = finish(sub, "ddsperf sub");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let last = text
+        .lines()
+        .rfind(|l| l.contains(" total ") && l.contains(&format!("size {size} ")))
+        .unwrap_or_else(|| panic!("no ddsperf report line: {text}"));
+    let field = |name: &str| -> u64 {
+        last.split_whitespace()
+            .skip_while(|w| *w != name)
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {last:?}"))
+    };
+    assert_eq!(field("total"), 10_000, "ddsperf got every sample once: {last}");
+    assert_eq!(field("lost"), 0, "ddsperf saw no gap: {last}");
+}
+
+#[test]
+fn cyclone_publishes_16_byte_samples_and_spindle_takes_them_in_order() {
+    cyclone_to_spindle(61, 16, 5000);
+}
+
+#[test]
+fn spindle_publishes_16_byte_samples_and_cyclone_gets_every_one() {
+    spindle_to_cyclone(62, 16, 5000);
+}
+
+#[test]
+fn a_topic_bridged_twice_and_a_participant_without_rtps_give_clear_errors() {
+    use spindle::dds::rtps::{KeyedSeq, RtpsConfig};
+    use spindle::dds::{DomainParticipant, ReaderQos, WriterQos};
+    let plain = DomainParticipant::builder(0x5000_0000 | std::process::id())
+        .participants(1)
+        .join()
+        .unwrap();
+    let topic = plain.create_topic::<KeyedSeq>("t").unwrap();
+    let e = plain
+        .bridge_rtps(&topic, WriterQos::default(), ReaderQos::default())
+        .err()
+        .expect("no RTPS configured");
+    assert!(e.to_string().contains("ParticipantBuilder::rtps"), "{e}");
+    drop(plain);
+    let p = DomainParticipant::builder(0x5100_0000 | std::process::id())
+        .participants(1)
+        .rtps(RtpsConfig::new(63).loopback_only(true))
+        .join()
+        .unwrap();
+    let topic = p.create_topic::<KeyedSeq>("t").unwrap();
+    let bridge = p
+        .bridge_rtps(&topic, WriterQos::default(), ReaderQos::default())
+        .unwrap();
+    let e = p
+        .bridge_rtps(&topic, WriterQos::default(), ReaderQos::default())
+        .err()
+        .expect("bridged twice");
+    assert!(e.to_string().contains("bridged to RTPS already"), "{e}");
+    assert_eq!(bridge.failure(), None);
+    drop(bridge);
+    let bad = DomainParticipant::builder(0x5200_0000 | std::process::id())
+        .participants(1)
+        .rtps(RtpsConfig::new(500))
+        .join()
+        .unwrap();
+    let topic = bad.create_topic::<KeyedSeq>("t").unwrap();
+    let e = bad
+        .bridge_rtps(&topic, WriterQos::default(), ReaderQos::default())
+        .err()
+        .expect("domain out of range");
+    assert!(e.to_string().contains("out of range"), "{e}");
+}
+
+#[test]
+fn a_size_below_the_fixed_part_is_refused() {
+    let out = Command::new(SPINDLE)
+        .args(["dds", "pub", "--rtps", "--size", "4"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--size 4 must be in 12"));
+}
