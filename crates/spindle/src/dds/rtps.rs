@@ -758,33 +758,33 @@ impl<T: RtpsType> BridgeWorker<T> {
         let Some((rtps_reader, injector)) = &mut self.inbound else {
             return Ok(0);
         };
-        for _ in 0..BRIDGE_BATCH_SAMPLES {
-            match rtps_reader.take_next_sample() {
-                Ok(None) => break,
-                Ok(Some(sample)) => {
-                    taken += 1;
-                    if sample.sample_info().writer_guid().prefix == self.own_guid.prefix {
-                        self.shared.own_skipped.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    // A dispose of a key: the group's readers learn of RTPS
-                    // writers' instances only through their values.
-                    let RtpsSample::Value(OnWire(value)) = sample.into_value() else {
-                        continue;
-                    };
-                    injector
-                        .write(&value)
-                        .map_err(|e| format!("writing an RTPS sample into the group failed: {e}"))?;
-                    self.shared.from_rtps.fetch_add(1, Ordering::Relaxed);
+        // One take of a batch (one lock of rustdds's cache, not one per
+        // sample).
+        let samples = match rtps_reader.take(BRIDGE_BATCH_SAMPLES, rustdds::ReadCondition::not_read()) {
+            Ok(samples) => samples,
+            Err(e) => {
+                let n = self.shared.rtps_dropped.fetch_add(1, Ordering::Relaxed);
+                if n < BRIDGE_LOG_LINES_MAX {
+                    eprintln!("spindle rtps: {:?}: dropped an RTPS sample: {e:?}", self.topic);
                 }
-                Err(e) => {
-                    let n = self.shared.rtps_dropped.fetch_add(1, Ordering::Relaxed);
-                    if n < BRIDGE_LOG_LINES_MAX {
-                        eprintln!("spindle rtps: {:?}: dropped an RTPS sample: {e:?}", self.topic);
-                    }
-                    break;
-                }
+                return Ok(0);
             }
+        };
+        for sample in samples {
+            taken += 1;
+            if sample.sample_info().writer_guid().prefix == self.own_guid.prefix {
+                self.shared.own_skipped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            // A dispose of a key: the group's readers learn of RTPS
+            // writers' instances only through their values.
+            let RtpsSample::Value(OnWire(value)) = sample.into_value() else {
+                continue;
+            };
+            injector
+                .write(&value)
+                .map_err(|e| format!("writing an RTPS sample into the group failed: {e}"))?;
+            self.shared.from_rtps.fetch_add(1, Ordering::Relaxed);
         }
         Ok(taken)
     }
