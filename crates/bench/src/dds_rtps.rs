@@ -223,45 +223,44 @@ fn participant(c: &EndpointArgs, max_sample_bytes: usize) -> Result<DomainPartic
     builder.join().map_err(|e| e.to_string())
 }
 
+/// History, reliability and durability from the flags: the same calls on
+/// a `WriterQos` or a `ReaderQos`.
+macro_rules! with_flags {
+    ($qos:expr, $c:expr) => {{
+        let c: &EndpointArgs = $c;
+        let qos = $qos;
+        let qos = if c.keep_last > 0 {
+            qos.keep_last(c.keep_last)
+        } else {
+            qos.keep_all()
+        };
+        let qos = if c.best_effort {
+            qos.best_effort()
+        } else {
+            qos.reliable(Duration::from_secs(10))
+        };
+        if c.transient_local {
+            qos.transient_local()
+        } else {
+            qos
+        }
+    }};
+}
+
 fn writer_qos(c: &EndpointArgs, max_sample_bytes: usize) -> WriterQos {
-    let mut qos = WriterQos::default().max_sample_bytes(max_sample_bytes as u32);
-    qos = if c.keep_last > 0 {
-        qos.keep_last(c.keep_last)
-    } else {
-        qos.keep_all()
-    };
-    qos = if c.best_effort {
-        qos.best_effort()
-    } else {
-        qos.reliable(Duration::from_secs(10))
-    };
-    if c.transient_local {
-        qos = qos.transient_local();
-    }
-    qos
+    with_flags!(WriterQos::default().max_sample_bytes(max_sample_bytes as u32), c)
 }
 
 fn reader_qos(c: &EndpointArgs, window_slots: usize) -> ReaderQos {
     let samples = (4 * window_slots as u32).max(1 << 16);
-    let mut qos = ReaderQos::default().resource_limits(ResourceLimits {
-        max_samples: samples,
-        max_instances: 1 << 12,
-        max_samples_per_instance: samples,
-    });
-    qos = if c.keep_last > 0 {
-        qos.keep_last(c.keep_last)
-    } else {
-        qos.keep_all()
-    };
-    qos = if c.best_effort {
-        qos.best_effort()
-    } else {
-        qos.reliable(Duration::from_secs(10))
-    };
-    if c.transient_local {
-        qos = qos.transient_local();
-    }
-    qos
+    with_flags!(
+        ReaderQos::default().resource_limits(ResourceLimits {
+            max_samples: samples,
+            max_instances: 1 << 12,
+            max_samples_per_instance: samples,
+        }),
+        c
+    )
 }
 
 fn write_json<T: Serialize>(path: &Option<PathBuf>, value: &T) -> Result<(), String> {
