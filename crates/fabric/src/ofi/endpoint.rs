@@ -22,6 +22,16 @@ pub const COMPLETIONS_PER_READ: usize = 64;
 /// opened unordered (each push waits for the previous write's delivery).
 pub const PROVIDERS_BREAKING_ORDER: &[&str] = &["sockets"];
 
+/// Providers whose writes to one peer are issued one at a time, each after
+/// the previous one's completion: libfabric 1.17's `tcp` (through
+/// `ofi_rxm`) grants `FI_ORDER_WAW`, yet with megabytes of writes in
+/// flight to a peer a guard was seen to land before the 10 KB slot
+/// written ahead of it (`tests/ofi_order.rs`). Its completion means the
+/// bytes are in the connection's socket, behind which the next write
+/// queues, so waiting for it restores the order, at the cost of one
+/// write in flight per peer.
+pub const PROVIDERS_SERIALIZED: &[&str] = &["tcp"];
+
 /// libfabric's text for an error code.
 pub fn strerror(code: i64) -> String {
     // SAFETY: fi_strerror accepts any code and returns a pointer to a
@@ -72,6 +82,8 @@ pub struct Granted {
     pub mr_local: bool,
     /// The provider picks registration keys.
     pub prov_key: bool,
+    /// Issue one write per peer at a time ([`PROVIDERS_SERIALIZED`]).
+    pub serialized: bool,
 }
 
 /// An opened, enabled RDM endpoint (fabric, domain, CQ, AV, endpoint).
@@ -136,6 +148,7 @@ impl Endpoint {
                 virt_addr: flags & sys::SPOF_MR_VIRT_ADDR != 0,
                 mr_local: flags & sys::SPOF_MR_LOCAL != 0,
                 prov_key: flags & sys::SPOF_MR_PROV_KEY != 0,
+                serialized: PROVIDERS_SERIALIZED.contains(&provider),
             },
             max_write_bytes: usize::try_from(max_msg).unwrap_or(usize::MAX),
             description: text(&desc),

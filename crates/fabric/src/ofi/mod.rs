@@ -22,7 +22,11 @@
 //!   so writes to one peer land in issue order and a guard pushed after
 //!   data lands after it. A provider that does not grant it gets
 //!   `FI_DELIVERY_COMPLETE` and every push waits until the previous
-//!   writes to that peer have completed (correct, slower).
+//!   writes to that peer have completed (correct, slower). Providers
+//!   seen to break the order they grant are listed in
+//!   [`endpoint::PROVIDERS_BREAKING_ORDER`] (opened unordered) and
+//!   [`endpoint::PROVIDERS_SERIALIZED`] (one write in flight per peer:
+//!   libfabric 1.17's `tcp`, see `tests/ofi_order.rs`).
 //! - **Control plane**: addresses and keys travel over a
 //!   [`TcpFabric`] on the members' configured addresses (module
 //!   `control`): its handshake proves the group key (HMAC) and checks the
@@ -79,6 +83,11 @@ pub const CQ_DEPTH_DEFAULT: usize = 1024;
 const WAIT_MS: i32 = 2;
 /// How often the progress thread looks for new, returned or lost peers.
 const REFRESH_INTERVAL: Duration = Duration::from_millis(5);
+/// After the rows, a line that peers' first writes land in (see
+/// [`Shared::admit`]); never read.
+const SCRATCH_BYTES: usize = CACHE_LINE_BYTES;
+/// How long the first write to a new peer may take to complete.
+const FIRST_WRITE_MAX: Duration = Duration::from_secs(10);
 /// How long a closing member waits for its outstanding writes.
 const DRAIN_MAX: Duration = Duration::from_millis(500);
 /// Mixed into the control plane's layout tag, so that an ofi member and a
@@ -171,6 +180,8 @@ struct Remote {
     row_addr: u64,
     key: u64,
     incarnation: u64,
+    /// Remote address of the peer's scratch line.
+    scratch_addr: u64,
 }
 
 struct Peer {
@@ -241,11 +252,11 @@ impl OfiFabric {
         // The endpoint and registration first: a missing provider or a
         // memlock limit fails before any peer is contacted.
         let endpoint = Endpoint::open(&options.provider, options.cq_depth)?;
-        let rows = RowsAlloc::new(total)?;
+        let rows = RowsAlloc::new(total + SCRATCH_BYTES)?;
         let incarnation = incarnation()?;
         // SAFETY: the rows live in `Shared` after the registration and are
         // dropped after it (field order), so they outlive it.
-        let mr = unsafe { endpoint.register(rows.ptr, total, incarnation)? };
+        let mr = unsafe { endpoint.register(rows.ptr, total + SCRATCH_BYTES, incarnation)? };
         let me = Announce {
             incarnation,
             row_len_bytes: row_len_bytes as u64,
@@ -468,17 +479,61 @@ impl Shared {
                 return None;
             }
         };
-        *remote = Some(Remote {
+        let fresh = Remote {
             fi_addr,
             row_addr: announce.rows_base + (self.rank * self.row_len_bytes) as u64,
             key: announce.mr_key,
             incarnation: announce.incarnation,
-        });
+            scratch_addr: announce.rows_base + (self.peers.len() * self.row_len_bytes) as u64,
+        };
+        *remote = Some(fresh);
         drop(remote);
+        if let Err(why) = self.first_write(rank, &fresh) {
+            self.fault(rank, why);
+            return None;
+        }
         *peer.why.lock().unwrap_or_else(|p| p.into_inner()) = None;
         peer.set_state(PeerState::Ready);
         self.doorbell.ring();
         Some(replaced)
+    }
+
+    /// Write 8 bytes into `rank`'s scratch line and wait for the
+    /// completion, before any push goes to it: a wrong memory key or
+    /// address in its announcement fails here, as an error naming the
+    /// peer and `fi_write`, not later as a guard that never lands; and
+    /// connection-based providers (`ofi_rxm`) set up their connection
+    /// here, before the first push.
+    fn first_write(&self, rank: usize, remote: &Remote) -> Result<(), String> {
+        let total = self.peers.len() * self.row_len_bytes;
+        // SAFETY: the scratch line follows the rows inside the registered
+        // allocation, which lives as long as `self`.
+        let local = unsafe { self.rows.ptr.as_ptr().add(total) };
+        self.issue(rank, remote, local, 8, remote.scratch_addr)?;
+        let peer = &self.peers[rank];
+        let started = Instant::now();
+        // Relaxed: a count; the completion was read on this thread or the
+        // progress thread, and nothing is published through it.
+        while peer.outstanding.load(Ordering::Relaxed) > 0 {
+            if peer.state() == PeerState::Fault {
+                return Err(peer
+                    .why
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+                    .unwrap_or_default());
+            }
+            if started.elapsed() > FIRST_WRITE_MAX {
+                return Err(format!(
+                    "the first fi_write to member {rank} did not complete within {} s",
+                    FIRST_WRITE_MAX.as_secs()
+                ));
+            }
+            if self.complete(0) == 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        Ok(())
     }
 
     /// At `open`: refresh until every peer `open` waits for is ready.
@@ -558,63 +613,71 @@ impl Shared {
         let Some(remote) = *peer.remote.lock().unwrap_or_else(|p| p.into_inner()) else {
             return;
         };
-        let mut started = None;
-        if !self.endpoint.granted.ordered {
-            // Unordered provider: the previous writes to this peer must
-            // have landed (delivery complete) before this one is issued.
-            while peer.outstanding.load(Ordering::Acquire) > 0 {
-                if let Err(why) = self.wait_for_room(&mut started, rank) {
-                    return self.fault(rank, why);
-                }
-            }
-        }
-        while self.outstanding.load(Ordering::Relaxed) >= self.outstanding_max {
-            if let Err(why) = self.wait_for_room(&mut started, rank) {
-                return self.fault(rank, why);
-            }
-        }
         // SAFETY: the own row lies inside the registered rows (checked
         // range, row `self.rank`), which live until the endpoint is closed
         // after the last completion was drained (OfiFabric::drop).
         let local = unsafe { self.rows.ptr.as_ptr().add(self.rank * self.row_len_bytes + range.start) };
-        let len = range.len();
+        if let Err(why) = self.issue(rank, &remote, local, range.len(), remote.row_addr + range.start as u64) {
+            self.fault(rank, why);
+        }
+    }
+
+    /// Issue one write of `len` bytes at `local` (inside the registration)
+    /// to `remote_addr` at `rank`, after the ordering and the bound on
+    /// outstanding writes allow it; `Err` names what failed.
+    fn issue(
+        &self,
+        rank: usize,
+        remote: &Remote,
+        local: *const u8,
+        len: usize,
+        remote_addr: u64,
+    ) -> Result<(), String> {
+        let peer = &self.peers[rank];
+        let mut started = None;
+        if !self.endpoint.granted.ordered || self.endpoint.granted.serialized {
+            // Unordered provider: the previous writes to this peer must
+            // have landed (delivery complete) before this one is issued;
+            // serialized provider: they must have completed.
+            // Relaxed: a count, re-read until it drains; the completion
+            // itself is the event (read by `complete`).
+            while peer.outstanding.load(Ordering::Relaxed) > 0 {
+                self.wait_for_room(&mut started, rank)?;
+            }
+        }
+        while self.outstanding.load(Ordering::Relaxed) >= self.outstanding_max {
+            self.wait_for_room(&mut started, rank)?;
+        }
+        // Relaxed: counts only (see `complete`).
         self.outstanding.fetch_add(1, Ordering::Relaxed);
         peer.outstanding.fetch_add(1, Ordering::Relaxed);
-        loop {
-            // SAFETY: as above: registered by `mr`, alive until completion.
+        let result = loop {
+            // SAFETY: `local..local + len` is inside the registration
+            // (callers' contract), which lives until the last completion
+            // was drained (OfiFabric::drop).
             let issued = unsafe {
-                self.endpoint.write(
-                    local,
-                    len,
-                    &self.mr,
-                    remote.fi_addr,
-                    remote.row_addr + range.start as u64,
-                    remote.key,
-                    rank + 1,
-                )
+                self.endpoint
+                    .write(local, len, &self.mr, remote.fi_addr, remote_addr, remote.key, rank + 1)
             };
             match issued {
-                Ok(true) => return,
+                Ok(true) => return Ok(()),
                 Ok(false) => {
                     if let Err(why) = self.wait_for_room(&mut started, rank) {
-                        break self.fault(rank, why);
+                        break Err(why);
                     }
                 }
                 Err(code) => {
-                    break self.fault(
-                        rank,
-                        format!(
-                            "fi_write of {len} bytes at offset {} to member {rank}: {}",
-                            range.start,
-                            endpoint::strerror(code)
-                        ),
-                    )
+                    break Err(format!(
+                        "fi_write of {len} bytes to member {rank} (remote address {remote_addr:#x}): {}",
+                        endpoint::strerror(code)
+                    ))
                 }
             }
-        }
+        };
         // Not issued: nothing will complete.
         self.outstanding.fetch_sub(1, Ordering::Relaxed);
         peer.outstanding.fetch_sub(1, Ordering::Relaxed);
+        result
     }
 }
 
