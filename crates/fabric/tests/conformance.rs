@@ -216,6 +216,13 @@ pub trait Provider: Sync {
     const NAME: &'static str;
 }
 
+/// The provider a harness runs on: `SPINDLE_OFI_PROVIDER` if set (to
+/// check a cluster's `verbs` or `efa` against the contract), else `P`'s.
+#[cfg(feature = "ofi")]
+fn provider_for<P: Provider>() -> String {
+    std::env::var("SPINDLE_OFI_PROVIDER").unwrap_or_else(|_| P::NAME.to_string())
+}
+
 /// libfabric's `tcp` provider (RDM endpoints through `ofi_rxm`).
 #[cfg(feature = "ofi")]
 pub struct TcpProvider;
@@ -232,8 +239,9 @@ impl<P: Provider> Harness for OfiHarness<P> {
 
     fn new_group(test: &str, member_count: usize, row_len_bytes: usize) -> OfiHarness<P> {
         let tcp = TcpHarness::new_group(&format!("ofi-{}-{test}", P::NAME), member_count, row_len_bytes);
+        let provider = provider_for::<P>();
         let mut options =
-            spindle_fabric::ofi::OfiOptions::new("unused", row_len_bytes, 0, Vec::new(), Vec::new(), P::NAME);
+            spindle_fabric::ofi::OfiOptions::new("unused", row_len_bytes, 0, Vec::new(), Vec::new(), &provider);
         options.tcp = tcp.options;
         OfiHarness {
             options,
@@ -249,8 +257,7 @@ impl<P: Provider> Harness for OfiHarness<P> {
         spindle_fabric::ofi::OfiFabric::open_with_listener(&self.options, rank, listener).unwrap_or_else(|e| {
             panic!(
                 "open member {rank} of ofi group {} ({} provider): {e}",
-                self.options.tcp.group,
-                P::NAME
+                self.options.tcp.group, self.options.provider
             )
         })
     }
