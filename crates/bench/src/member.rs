@@ -59,7 +59,7 @@ pub struct MemberSpec {
     pub delivery_log: Option<PathBuf>,
     pub result_dir: PathBuf,
     pub join_timeout_ms: u64,
-    /// "shm" (default), "tcp", or "ofi" / "ofi:<provider>" (libfabric,
+    /// "shm" (default), "tcp", or "ofi" / `"ofi:<provider>"` (libfabric,
     /// feature `ofi`; its control plane uses the tcp fields below).
     #[serde(default)]
     pub transport: String,

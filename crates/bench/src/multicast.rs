@@ -78,7 +78,7 @@ pub struct MulticastArgs {
     pub no_baseline: bool,
     /// Transport: shm (one host, shared memory), tcp (loopback here; the
     /// members are separate processes connected by TCP, with a fresh group
-    /// key per run), or ofi / ofi:<provider> (libfabric RMA writes, built
+    /// key per run), or ofi / ofi:PROVIDER (libfabric RMA writes, built
     /// with `--features ofi`; `ofi` is libfabric's tcp provider; the
     /// control plane is tcp on loopback as for tcp; no raw baseline).
     #[arg(long, default_value = "shm")]
