@@ -367,9 +367,7 @@ pub fn run_member_until(spec: &MemberSpec, rank: usize, stop: &AtomicBool) -> Re
 
 /// Whether `transport` names the ofi fabric: `ofi` (libfabric's `tcp`
 /// provider) or `ofi:<provider>` (`ofi:verbs`, `ofi:efa`, ...).
-pub fn is_ofi(transport: &str) -> bool {
-    transport == "ofi" || transport.starts_with("ofi:")
-}
+pub use spindle::config::is_ofi;
 
 /// The provider an `ofi[:<provider>]` transport names.
 pub fn ofi_provider(transport: &str) -> &str {
