@@ -77,6 +77,11 @@ use endpoint::{ofi_error, Endpoint, Registration};
 /// The longest a parked loop sleeps before it looks at its rows again
 /// (remote writes ring no doorbell).
 pub const PARK_NAP: Duration = Duration::from_micros(200);
+/// How long a push may wait for room (or, on serialized providers, for
+/// the previous write's completion) by default: finite, so one stuck peer
+/// is declared gone rather than stalling the pusher. The group sets a
+/// quarter of its suspicion timeout.
+pub const SEND_STALL_MAX_DEFAULT: Duration = Duration::from_secs(5);
 /// Completion queue entries by default.
 pub const CQ_DEPTH_DEFAULT: usize = 1024;
 /// How long the progress thread blocks in one completion wait.
@@ -108,8 +113,10 @@ pub struct OfiOptions {
     /// Completion queue entries; at most half as many writes are
     /// outstanding at once.
     pub cq_depth: usize,
-    /// The longest a push may wait for room in the transmit queue before
-    /// the peer it writes to is declared gone.
+    /// The longest a push may wait for room in the transmit queue (or for
+    /// the previous write's completion, where writes are serialized)
+    /// before the peer it writes to is declared gone
+    /// ([`SEND_STALL_MAX_DEFAULT`]).
     pub send_stall_max: Duration,
 }
 
@@ -126,7 +133,7 @@ impl OfiOptions {
     ) -> OfiOptions {
         let tcp = TcpOptions::new(group, row_len_bytes, layout_tag, addresses, key);
         OfiOptions {
-            send_stall_max: tcp.send_stall_max,
+            send_stall_max: SEND_STALL_MAX_DEFAULT,
             tcp,
             provider: provider.to_string(),
             cq_depth: CQ_DEPTH_DEFAULT,
