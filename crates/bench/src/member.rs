@@ -59,7 +59,8 @@ pub struct MemberSpec {
     pub delivery_log: Option<PathBuf>,
     pub result_dir: PathBuf,
     pub join_timeout_ms: u64,
-    /// "shm" (default) or "tcp".
+    /// "shm" (default), "tcp", or "ofi" / `"ofi:<provider>"` (libfabric,
+    /// feature `ofi`; its control plane uses the tcp fields below).
     #[serde(default)]
     pub transport: String,
     /// tcp: `host:port` of every member, by rank.
@@ -357,8 +358,64 @@ pub fn run_member_until(spec: &MemberSpec, rank: usize, stop: &AtomicBool) -> Re
             let group = Group::join(Arc::new(fabric), config).map_err(|e| e.to_string())?;
             drive(group, spec, rank, tally, stop)
         }
-        other => Err(format!("unknown transport '{other}': expected shm or tcp")),
+        other if is_ofi(other) => ofi_member(spec, config, rank, tally, stop),
+        other => Err(format!(
+            "unknown transport '{other}': expected shm, tcp, ofi or ofi:<provider>"
+        )),
     }
+}
+
+/// Whether `transport` names the ofi fabric: `ofi` (libfabric's `tcp`
+/// provider) or `ofi:<provider>` (`ofi:verbs`, `ofi:efa`, ...).
+pub use spindle::config::is_ofi;
+
+/// The provider an `ofi[:<provider>]` transport names.
+pub fn ofi_provider(transport: &str) -> &str {
+    transport.strip_prefix("ofi:").unwrap_or("tcp")
+}
+
+/// A member over the ofi fabric: the tcp recipe's options (row layout,
+/// send stall, addresses and key) become the control plane's.
+#[cfg(feature = "ofi")]
+fn ofi_member(
+    spec: &MemberSpec,
+    config: GroupConfig,
+    rank: usize,
+    tally: Tally,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    let layout = SmcLayout::new(&config);
+    let tcp = spindle::transport::tcp_options(&spec.tcp_transport()?, &config, &layout, rank, false)
+        .map_err(|e| e.to_string())?;
+    let provider = ofi_provider(&spec.transport);
+    let mut options = spindle_fabric::ofi::OfiOptions::new(
+        &tcp.group,
+        tcp.row_len_bytes,
+        tcp.layout_tag,
+        Vec::new(),
+        Vec::new(),
+        provider,
+    );
+    options.send_stall_max = tcp.send_stall_max;
+    options.tcp = tcp;
+    let fabric = spindle_fabric::ofi::OfiFabric::open(&options, rank).map_err(|e| e.to_string())?;
+    let group = Group::join(Arc::new(fabric), config).map_err(|e| e.to_string())?;
+    drive(group, spec, rank, tally, stop)
+}
+
+#[cfg(not(feature = "ofi"))]
+fn ofi_member(
+    spec: &MemberSpec,
+    _config: GroupConfig,
+    _rank: usize,
+    _tally: Tally,
+    _stop: &AtomicBool,
+) -> Result<(), String> {
+    Err(format!(
+        "--transport {}: this spindle was built without libfabric support; rebuild with \
+         `cargo build --release -p spindle-cli --features ofi` (needs libfabric-dev)",
+        spec.transport
+    ))
 }
 
 /// Latency samples kept by a run without a count (the first ones).

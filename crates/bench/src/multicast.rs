@@ -76,9 +76,11 @@ pub struct MulticastArgs {
     /// Skip the raw baseline (shm ring, or TCP stream and ping-pong).
     #[arg(long)]
     pub no_baseline: bool,
-    /// Transport: shm (one host, shared memory) or tcp (loopback here; the
+    /// Transport: shm (one host, shared memory), tcp (loopback here; the
     /// members are separate processes connected by TCP, with a fresh group
-    /// key per run).
+    /// key per run), or ofi / ofi:PROVIDER (libfabric RMA writes, built
+    /// with `--features ofi`; `ofi` is libfabric's tcp provider; the
+    /// control plane is tcp on loopback as for tcp; no raw baseline).
     #[arg(long, default_value = "shm")]
     pub transport: String,
     /// tcp: round trips of the raw TCP ping-pong baseline (32 B).
@@ -94,6 +96,7 @@ impl MulticastArgs {
     fn idle_name(&self) -> String {
         match (self.idle.as_str(), self.transport.as_str()) {
             ("auto", "tcp") => "park".into(),
+            ("auto", t) if crate::member::is_ofi(t) => "park".into(),
             ("auto", _) => "backoff".into(),
             (other, _) => other.into(),
         }
@@ -123,8 +126,11 @@ impl MulticastArgs {
         if self.count == 0 {
             return Err("--count must be at least 1".into());
         }
-        if self.transport != "shm" && self.transport != "tcp" {
-            return Err(format!("--transport {}: expected shm or tcp", self.transport));
+        if self.transport != "shm" && self.transport != "tcp" && !crate::member::is_ofi(&self.transport) {
+            return Err(format!(
+                "--transport {}: expected shm, tcp, ofi or ofi:<provider>",
+                self.transport
+            ));
         }
         if !self.window.is_power_of_two() || self.window < 2 {
             return Err(format!("--window {} must be a power of two ≥ 2", self.window));
@@ -205,7 +211,8 @@ pub fn measure_with_tcp(
     let (set, ranks, slot) = args.validate()?;
     let result_dir = tempdir("bench")?;
     let tcp = args.transport == "tcp";
-    let (addresses, key_hex) = if tcp {
+    let ofi = crate::member::is_ofi(&args.transport);
+    let (addresses, key_hex) = if tcp || ofi {
         let addresses = (0..args.members)
             .map(|_| crate::baseline::tcp::free_loopback_addr())
             .collect::<Result<Vec<_>, _>>()?;
@@ -262,7 +269,7 @@ pub fn measure_with_tcp(
     let _ = std::fs::remove_dir_all(&result_dir);
     check_agreement(&results, args.mode == "ordered", total)?;
     let mut tcp_baseline = None;
-    let (baseline_gbps, baseline_msgs_per_s) = if args.no_baseline {
+    let (baseline_gbps, baseline_msgs_per_s) = if args.no_baseline || ofi {
         (0.0, 0.0)
     } else if tcp {
         let b = crate::baseline::tcp::measure(args.size, total, args.pingpong_rounds, args.pin)?;

@@ -79,7 +79,8 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         ));
     }
     let config = file.group_config().map_err(|e| e.to_string())?;
-    let key_hex = if file.transport == "tcp" {
+    // tcp and ofi (whose control plane is tcp) prove the group key.
+    let key_hex = if file.transport != "shm" {
         spindle::config::hex_encode(&file.read_key().map_err(|e| e.to_string())?)
     } else {
         String::new()

@@ -30,6 +30,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod doorbell;
+#[cfg(feature = "ofi")]
+pub mod ofi;
 pub mod row;
 pub mod shm;
 pub mod sim;
@@ -123,6 +125,16 @@ pub enum FabricError {
         waited_ms: u64,
         last_error: String,
     },
+    #[error("ofi: {op}{peer} failed: {fault}")]
+    Ofi {
+        /// The libfabric operation (`fi_write`, `fi_mr_reg`, ...).
+        op: String,
+        /// " to member N" when it concerns a peer, else empty.
+        peer: String,
+        fault: String,
+    },
+    #[error("the libfabric provider '{provider}' is not available for RMA writes on RDM endpoints on this machine; its libfabric offers: {offered} (`fi_info -l` lists every provider)")]
+    OfiProvider { provider: String, offered: String },
     #[error("{context}: {source}")]
     Io {
         context: String,

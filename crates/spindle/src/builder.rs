@@ -111,10 +111,13 @@ impl<A: Upcalls> GroupBuilder<A> {
 
     /// How the members reach each other (default: shared memory).
     pub fn transport(mut self, transport: Transport) -> Self {
-        if let Transport::Tcp(tcp) = &transport {
-            if !self.members_set {
-                self.config.members = tcp.members.len();
-            }
+        let members = match &transport {
+            Transport::Tcp(tcp) => Some(tcp.members.len()),
+            Transport::Ofi(ofi) => Some(ofi.tcp.members.len()),
+            Transport::Shm => None,
+        };
+        if let Some(members) = members.filter(|_| !self.members_set) {
+            self.config.members = members;
         }
         self.transport = transport;
         self

@@ -121,7 +121,8 @@ pub struct TlsFiles {
 pub struct GroupFile {
     /// `group.name`: the group's name (1..=48 of `[A-Za-z0-9_.-]`).
     pub name: String,
-    /// `group.transport`: `"tcp"` or `"shm"`.
+    /// `group.transport`: `"tcp"`, `"shm"`, or `"ofi"` / `"ofi:<provider>"`
+    /// (libfabric; `"ofi"` is its `tcp` provider; needs the `ofi` feature).
     pub transport: String,
     /// `group.mode`: ordered (atomic multicast) or unordered.
     pub mode: DeliveryMode,
@@ -183,6 +184,10 @@ impl GroupFile {
         let config = self.group_config()?;
         let transport = match self.transport.as_str() {
             "shm" => Transport::Shm,
+            t if is_ofi(t) => Transport::Ofi(crate::transport::OfiTransport {
+                tcp: self.tcp_transport(rank)?,
+                provider: t.strip_prefix("ofi:").unwrap_or("tcp").to_string(),
+            }),
             _ => Transport::Tcp(self.tcp_transport(rank)?),
         };
         Ok(GroupBuilder::from_config(config).rank(rank).transport(transport))
@@ -247,9 +252,9 @@ impl GroupFile {
         let name = string(&get("name"), "group.name")?.ok_or("missing key group.name")?;
         spindle_fabric::shm::validate_group_name(&name).map_err(|e| format!("group.name = \"{name}\": {e}"))?;
         let transport = string(&get("transport"), "group.transport")?.expect("default");
-        if transport != "tcp" && transport != "shm" {
+        if transport != "tcp" && transport != "shm" && !is_ofi(&transport) {
             return Err(format!(
-                "group.transport = \"{transport}\": expected \"tcp\" or \"shm\""
+                "group.transport = \"{transport}\": expected \"tcp\", \"shm\", \"ofi\" or \"ofi:<provider>\""
             ));
         }
         let mode_text = string(&get("mode"), "group.mode")?.expect("default");
@@ -261,7 +266,7 @@ impl GroupFile {
         let peer_timeout_ms = integer(&get("peer_timeout_ms"), "group.peer_timeout_ms")? as u64;
         let idle = match string(&get("idle"), "group.idle")?.expect("default").as_str() {
             // Blocked threads wake at once on tcp; yielding ones wait for a slice.
-            "auto" if transport == "tcp" => "park".to_string(),
+            "auto" if transport == "tcp" || is_ofi(&transport) => "park".to_string(),
             "auto" => "backoff".to_string(),
             other => other.to_string(),
         };
@@ -322,14 +327,16 @@ impl GroupFile {
             }
         };
         let key_file = string(&get("key_file"), "group.key_file")?.map(|k| base_dir.join(k));
-        if transport == "tcp" {
+        if transport == "tcp" || is_ofi(&transport) {
             if key_file.is_none() {
-                return Err("missing key group.key_file: a tcp group needs a shared key (see docs/config.md)".into());
+                return Err(format!(
+                    "missing key group.key_file: a {transport} group needs a shared key (see docs/config.md)"
+                ));
             }
             for m in &members {
                 if m.address.is_empty() {
                     return Err(format!(
-                        "members[id = {}].address is missing (tcp needs host:port)",
+                        "members[id = {}].address is missing (tcp and ofi need host:port)",
                         m.id
                     ));
                 }
@@ -695,6 +702,12 @@ pub fn hex_decode(text: &str) -> Result<Vec<u8>, String> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&text[i..i + 2], 16).map_err(|_| format!("'{}' is not hex", &text[i..i + 2])))
         .collect()
+}
+
+/// Whether a `group.transport` names the ofi fabric: `"ofi"` (libfabric's
+/// `tcp` provider) or `"ofi:<provider>"`.
+pub fn is_ofi(transport: &str) -> bool {
+    transport == "ofi" || transport.starts_with("ofi:")
 }
 
 #[cfg(test)]

@@ -109,7 +109,7 @@ pub use crate::builder::GroupBuilder;
 pub use crate::config::{ConfigError, GroupFile};
 pub use crate::error::Error;
 pub use crate::group::{Callbacks, Group, RunningGroup};
-pub use crate::transport::{AnyFabric, TcpTransport, Transport};
+pub use crate::transport::{AnyFabric, OfiTransport, TcpTransport, Transport};
 
 pub use spindle_group::{
     Delivery, DeliveryMode, GroupError, Replicated, SendBatch, SendError, SendSlot, SenderSet, StateMachine, Upcalls,

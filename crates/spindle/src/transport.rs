@@ -7,6 +7,12 @@
 //! - [`Transport::Tcp`]: members on any hosts; each keeps a copy of every
 //!   peer's row and a push sends the changed bytes as frames. Connections
 //!   are authenticated with the group key (HMAC), optionally over TLS.
+//! - [`Transport::Ofi`]: members on RDMA clusters (verbs, EFA, CXI, or
+//!   libfabric's software providers): pushes are libfabric RMA writes into
+//!   the peers' registered rows; addresses and keys travel over a tcp
+//!   control plane (the same addresses and group key as tcp). Needs the
+//!   Cargo feature `ofi` (docs/ofi.md); without it, joining fails with
+//!   how to rebuild.
 
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -32,6 +38,29 @@ pub enum Transport {
     Shm,
     /// TCP between any hosts.
     Tcp(TcpTransport),
+    /// libfabric RMA writes (feature `ofi`), with a tcp control plane.
+    Ofi(OfiTransport),
+}
+
+/// The settings of an ofi group: its control plane (addresses, key,
+/// timeouts: every member's `host:port` must be reachable over IP) and
+/// the libfabric provider.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OfiTransport {
+    /// The control plane, as a tcp group's settings (TLS is not used).
+    pub tcp: TcpTransport,
+    /// The libfabric provider: "verbs", "efa", "cxi", "tcp", "sockets", ...
+    pub provider: String,
+}
+
+impl OfiTransport {
+    /// Members at `members` sharing `key`, over `provider`.
+    pub fn new(members: Vec<SocketAddr>, key: impl Into<Vec<u8>>, provider: &str) -> OfiTransport {
+        OfiTransport {
+            tcp: TcpTransport::new(members, key),
+            provider: provider.to_string(),
+        }
+    }
 }
 
 /// The settings of a tcp group that are not the group layer's.
@@ -84,6 +113,9 @@ pub enum AnyFabric {
     Shm(ShmFabric),
     /// TCP.
     Tcp(TcpFabric),
+    /// libfabric RMA writes.
+    #[cfg(feature = "ofi")]
+    Ofi(spindle_fabric::ofi::OfiFabric),
 }
 
 macro_rules! each {
@@ -91,6 +123,8 @@ macro_rules! each {
         match $self {
             AnyFabric::Shm($f) => $e,
             AnyFabric::Tcp($f) => $e,
+            #[cfg(feature = "ofi")]
+            AnyFabric::Ofi($f) => $e,
         }
     };
 }
@@ -168,7 +202,52 @@ pub(crate) fn open(
             let options = tcp_options(tcp, config, &layout, rank, joining)?;
             Ok(AnyFabric::Tcp(TcpFabric::open(&options, rank)?))
         }
+        Transport::Ofi(ofi) => open_ofi(ofi, config, &layout, rank, joining),
     }
+}
+
+/// The ofi fabric for a group: the tcp recipe's options (row layout, send
+/// stall, addresses, key, timeouts) become its control plane's.
+#[cfg(feature = "ofi")]
+fn open_ofi(
+    ofi: &OfiTransport,
+    config: &GroupConfig,
+    layout: &SmcLayout,
+    rank: usize,
+    joining: bool,
+) -> Result<AnyFabric, Error> {
+    if ofi.tcp.tls.is_some() {
+        return Err(Error::Config(
+            "the ofi transport's control plane does not use TLS (leave the TLS files out)".into(),
+        ));
+    }
+    let tcp = tcp_options(&ofi.tcp, config, layout, rank, joining)?;
+    let mut options = spindle_fabric::ofi::OfiOptions::new(
+        &tcp.group,
+        tcp.row_len_bytes,
+        tcp.layout_tag,
+        Vec::new(),
+        Vec::new(),
+        &ofi.provider,
+    );
+    options.send_stall_max = tcp.send_stall_max;
+    options.tcp = tcp;
+    Ok(AnyFabric::Ofi(spindle_fabric::ofi::OfiFabric::open(&options, rank)?))
+}
+
+#[cfg(not(feature = "ofi"))]
+fn open_ofi(
+    ofi: &OfiTransport,
+    _config: &GroupConfig,
+    _layout: &SmcLayout,
+    _rank: usize,
+    _joining: bool,
+) -> Result<AnyFabric, Error> {
+    Err(Error::Config(format!(
+        "transport ofi (provider '{}'): this build has no libfabric support; rebuild with the Cargo \
+         feature `ofi` (e.g. `cargo build --release -p spindle-cli --features ofi`; needs libfabric-dev)",
+        ofi.provider
+    )))
 }
 
 /// The tcp fabric's options for a group: the layout's row length and tag,

@@ -139,8 +139,36 @@ impl Upcalls for Seen {
 /// the others install a view without it.
 #[test]
 fn tcp_members_deliver_in_one_order_and_a_leave_installs_a_view() {
+    members_deliver_in_one_order_and_a_leave_installs_a_view("b-tcp", |addresses| {
+        Transport::Tcp(TcpTransport::new(addresses, vec![42u8; 32]))
+    });
+}
+
+/// The same over the ofi fabric (libfabric's software tcp provider).
+#[cfg(feature = "ofi")]
+#[test]
+fn ofi_members_deliver_in_one_order_and_a_leave_installs_a_view() {
+    members_deliver_in_one_order_and_a_leave_installs_a_view("b-ofi", |addresses| {
+        Transport::Ofi(spindle::OfiTransport::new(addresses, vec![42u8; 32], "tcp"))
+    });
+}
+
+/// Without the `ofi` feature, an ofi group is refused with how to rebuild.
+#[cfg(not(feature = "ofi"))]
+#[test]
+fn ofi_without_the_feature_says_how_to_rebuild() {
+    let transport = Transport::Ofi(spindle::OfiTransport::new(loopback_addresses(2), vec![42u8; 32], "tcp"));
+    let e = Group::builder(&unique("b-no-ofi"))
+        .transport(transport)
+        .join()
+        .err()
+        .expect("no ofi in this build");
+    assert!(e.to_string().contains("--features ofi"), "{e}");
+}
+
+fn members_deliver_in_one_order_and_a_leave_installs_a_view(prefix: &str, transport: fn(Vec<SocketAddr>) -> Transport) {
     let addresses = loopback_addresses(3);
-    let name = unique("b-tcp");
+    let name = unique(prefix);
     let seen: Vec<Seen> = (0..3).map(|_| Seen::default()).collect();
     let groups: Vec<_> = std::thread::scope(|s| {
         let joins: Vec<_> = (0..3)
@@ -149,7 +177,7 @@ fn tcp_members_deliver_in_one_order_and_a_leave_installs_a_view() {
                 s.spawn(move || {
                     Group::builder(&name)
                         .rank(rank)
-                        .transport(Transport::Tcp(TcpTransport::new(addresses, vec![42u8; 32])))
+                        .transport(transport(addresses))
                         .app(app)
                         .join()
                         .expect("join")

@@ -86,7 +86,7 @@ pub mod handshake;
 mod link;
 mod options;
 mod recv;
-mod rows;
+pub(crate) mod rows;
 mod send;
 pub mod stat;
 pub mod tls;

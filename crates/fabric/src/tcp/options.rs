@@ -144,12 +144,12 @@ impl TcpOptions {
     }
 
     /// The peers `open` must wait for, as a mask (never `rank` itself).
-    pub(super) fn required(&self, rank: usize) -> u64 {
+    pub(crate) fn required(&self, rank: usize) -> u64 {
         let all = PeerSet::all(self.addresses.len()).0;
         self.wait_for.map(|w| w.0).unwrap_or(all) & all & !(1u64 << rank)
     }
 
-    pub(super) fn validate(&self, rank: usize) -> Result<(), FabricError> {
+    pub(crate) fn validate(&self, rank: usize) -> Result<(), FabricError> {
         crate::shm::validate_group_name(&self.group)?;
         let member_count = self.addresses.len();
         if member_count == 0 || member_count > MEMBERS_MAX {

@@ -9,8 +9,8 @@ use crate::{FabricError, CACHE_LINE_BYTES};
 
 /// The rows of every member: one zeroed, cache-line-aligned allocation,
 /// on the heap or in the member's stat file ([`stat`]).
-pub(super) struct RowsAlloc {
-    pub(super) ptr: NonNull<u8>,
+pub(crate) struct RowsAlloc {
+    pub(crate) ptr: NonNull<u8>,
     backing: Backing,
 }
 
@@ -26,7 +26,7 @@ unsafe impl Send for RowsAlloc {}
 unsafe impl Sync for RowsAlloc {}
 
 impl RowsAlloc {
-    pub(super) fn new(bytes: usize) -> Result<RowsAlloc, FabricError> {
+    pub(crate) fn new(bytes: usize) -> Result<RowsAlloc, FabricError> {
         let layout = Layout::from_size_align(bytes.max(CACHE_LINE_BYTES), CACHE_LINE_BYTES)
             .map_err(|e| FabricError::InvalidOption(format!("rows of {bytes} bytes: {e}")))?;
         // SAFETY: the layout has a non-zero size.
@@ -40,14 +40,14 @@ impl RowsAlloc {
     }
 
     /// The rows in a stat file (zeroed by its creation).
-    pub(super) fn in_stat_file(file: stat::StatFile) -> RowsAlloc {
+    pub(crate) fn in_stat_file(file: stat::StatFile) -> RowsAlloc {
         RowsAlloc {
             ptr: file.rows_ptr(),
             backing: Backing::Stat(file),
         }
     }
 
-    pub(super) fn stat(&self) -> Option<&stat::StatFile> {
+    pub(crate) fn stat(&self) -> Option<&stat::StatFile> {
         match &self.backing {
             Backing::Stat(s) => Some(s),
             Backing::Heap(_) => None,
