@@ -387,17 +387,7 @@ fn ofi_member(
     let layout = SmcLayout::new(&config);
     let tcp = spindle::transport::tcp_options(&spec.tcp_transport()?, &config, &layout, rank, false)
         .map_err(|e| e.to_string())?;
-    let provider = ofi_provider(&spec.transport);
-    let mut options = spindle_fabric::ofi::OfiOptions::new(
-        &tcp.group,
-        tcp.row_len_bytes,
-        tcp.layout_tag,
-        Vec::new(),
-        Vec::new(),
-        provider,
-    );
-    options.send_stall_max = tcp.send_stall_max;
-    options.tcp = tcp;
+    let options = spindle::transport::ofi_options(tcp, ofi_provider(&spec.transport));
     let fabric = spindle_fabric::ofi::OfiFabric::open(&options, rank).map_err(|e| e.to_string())?;
     let group = Group::join(Arc::new(fabric), config).map_err(|e| e.to_string())?;
     drive(group, spec, rank, tally, stop)

@@ -221,18 +221,25 @@ fn open_ofi(
             "the ofi transport's control plane does not use TLS (leave the TLS files out)".into(),
         ));
     }
-    let tcp = tcp_options(&ofi.tcp, config, layout, rank, joining)?;
+    let options = ofi_options(tcp_options(&ofi.tcp, config, layout, rank, joining)?, &ofi.provider);
+    Ok(AnyFabric::Ofi(spindle_fabric::ofi::OfiFabric::open(&options, rank)?))
+}
+
+/// The ofi fabric's options over `provider`, its control plane the tcp
+/// fabric of `tcp` (row layout, send stall, addresses, key, timeouts).
+#[cfg(feature = "ofi")]
+pub fn ofi_options(tcp: TcpOptions, provider: &str) -> spindle_fabric::ofi::OfiOptions {
     let mut options = spindle_fabric::ofi::OfiOptions::new(
         &tcp.group,
         tcp.row_len_bytes,
         tcp.layout_tag,
         Vec::new(),
         Vec::new(),
-        &ofi.provider,
+        provider,
     );
     options.send_stall_max = tcp.send_stall_max;
     options.tcp = tcp;
-    Ok(AnyFabric::Ofi(spindle_fabric::ofi::OfiFabric::open(&options, rank)?))
+    options
 }
 
 #[cfg(not(feature = "ofi"))]
