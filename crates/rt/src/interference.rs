@@ -13,8 +13,11 @@
 //!   sample) followed by a **stall detector** spin
 //!   ([`crate::os::spin_for_gaps`]: a tight loop reading the clock and
 //!   recording every gap between two reads). Each wake-up gives one
-//!   *lost-time* sample: the time the probe lost to gaps, or the longest
-//!   gap seen while spinning towards the release, whichever is larger;
+//!   *lost-time* sample: the time the host took across the target (the
+//!   wake-up's whole lateness when it was disturbed: one stall is charged
+//!   once, as interference, never also as release jitter) plus what the
+//!   probe lost after it, or the longest gap seen while spinning towards
+//!   the release, whichever is larger;
 //! - **during the run**, the dispatcher records the longest gap of every
 //!   spin and every release's lateness; the watchdog reports when they
 //!   exceed what admission assumed ([`crate::watchdog`]).
@@ -24,7 +27,11 @@
 //!   the next commit.
 //!
 //! ```text
-//!  calibration:  sleep ─▶ spin to target (gaps) ─▶ target: lateness = J sample ─▶ probe spin (gaps) = I sample ─▶ sleep …
+//!  calibration:  sleep ─▶ spin to target (gaps) ─▶ target: lateness ─▶ probe spin (gaps) ─▶ sleep …
+//!                disturbed wake-up (slept past the target, or a gap while spinning):
+//!                    J sample = 0,        I sample = lateness + probe's lost time
+//!                undisturbed wake-up:
+//!                    J sample = lateness, I sample = probe's lost time
 //!  admission:    worst case: J = max, I = max     statistical: J, I = quantile (1 − miss budget)
 //! ```
 //!
@@ -279,12 +286,19 @@ impl HostRecord {
     }
 
     /// The least release jitter and interference admission takes in
-    /// `mode`, `(jitter, interference)`: the recorded maxima in worst-case
-    /// mode; none in statistical mode (a single worst value says nothing
-    /// of a quantile: that mode admits on its calibration's quantiles).
+    /// `mode`, `(jitter, interference)`. Worst case: no release jitter and
+    /// the larger of the recorded interference and release lateness as
+    /// interference. A recorded late release is a release the host made
+    /// late by keeping the dispatcher off its CPU (time lost, what the
+    /// interference term charges); charging it as release jitter as well
+    /// would charge one stall twice (the release jitter proper, lateness
+    /// with nothing taking the CPU, is tens of ns and comes from the
+    /// calibration). Statistical mode: none (a single worst value says
+    /// nothing of a quantile: that mode admits on its calibration's
+    /// quantiles).
     pub fn floor(&self, mode: AdmissionMode) -> (u64, u64) {
         match mode {
-            AdmissionMode::WorstCase => (self.release_jitter_max_ns, self.interference_max_ns),
+            AdmissionMode::WorstCase => (0, self.interference_max_ns.max(self.release_jitter_max_ns)),
             AdmissionMode::Statistical { .. } => (0, 0),
         }
     }
@@ -401,7 +415,14 @@ mod tests {
         assert_eq!(r.observations, 4);
         assert!(r.watched(5_000_000_000) && !r.watched(0));
         assert_eq!(r.observed_ns, 5_000_000_000);
-        assert_eq!(r.floor(AdmissionMode::WorstCase), (9_595_000, 11_301_000));
+        assert_eq!(
+            r.floor(AdmissionMode::WorstCase),
+            (0, 11_301_000),
+            "one stall, charged once"
+        );
+        let mut late_only = HostRecord::new("vm1");
+        late_only.observe(Figure::ReleaseJitter, 4_348_124, 50, "run, node A");
+        assert_eq!(late_only.floor(AdmissionMode::WorstCase), (0, 4_348_124));
         assert_eq!(r.floor(AdmissionMode::Statistical { miss_budget: 1e-4 }), (0, 0));
         assert!(r.validate().is_ok());
         assert!(r.describe().contains("11301 µs (run, node A"), "{}", r.describe());

@@ -104,6 +104,34 @@ pub struct Wake {
     pub gap_max_ns: u64,
 }
 
+impl Wake {
+    /// The part of this release's lateness the host took: all of it when
+    /// the wake-up was disturbed (the sleep woke past the target, i.e. it
+    /// overshot the `spin_ns` window; there was no sleep because the
+    /// target had passed before the thread got to it; or the thread lost
+    /// its CPU for more than [`GAP_COUNTED_NS`] while spinning), else 0.
+    ///
+    /// Admission charges this as *interference* (time lost), never as
+    /// release jitter as well: one stall is charged once
+    /// ([`crate::admission`]'s fault model). What is left,
+    /// [`Wake::undisturbed_late_ns`], is the release jitter proper: how
+    /// late a release is when nothing took the CPU (the spin loop's own
+    /// granularity, tens of ns).
+    pub fn lost_before_release_ns(&self, spin_ns: u64) -> u64 {
+        let disturbed = self.overshoot_ns.is_none_or(|o| o > spin_ns) || self.gap_max_ns > GAP_COUNTED_NS;
+        if disturbed {
+            self.late_ns
+        } else {
+            0
+        }
+    }
+
+    /// The lateness nothing explains ([`Wake::lost_before_release_ns`]'s rest).
+    pub fn undisturbed_late_ns(&self, spin_ns: u64) -> u64 {
+        self.late_ns - self.lost_before_release_ns(spin_ns)
+    }
+}
+
 /// A gap between two clock reads of the spin loop longer than this means
 /// the spinning thread lost its CPU for long enough to matter (the
 /// release-jitter target). Shorter gaps (timer ticks: a few µs every few
@@ -287,6 +315,35 @@ mod tests {
             w.settled_ns >= w.overshoot_ns && w.overshoot_ns.is_some(),
             "it slept: {w:?}"
         );
+    }
+
+    #[test]
+    fn a_late_release_is_lost_time_when_the_host_took_the_cpu_and_jitter_otherwise() {
+        let wake = |late_ns, overshoot_ns, gap_max_ns| Wake {
+            late_ns,
+            overshoot_ns,
+            settled_ns: overshoot_ns,
+            gap_max_ns,
+        };
+        let spin = 100_000;
+        // Undisturbed: slept into the window, spun without a gap: jitter.
+        let w = wake(40, Some(30_000), 200);
+        assert_eq!((w.lost_before_release_ns(spin), w.undisturbed_late_ns(spin)), (0, 40));
+        // Slept past the window (the vCPU was descheduled): all lost.
+        let w = wake(4_348_124, Some(4_448_124), 0);
+        assert_eq!(
+            (w.lost_before_release_ns(spin), w.undisturbed_late_ns(spin)),
+            (4_348_124, 0)
+        );
+        // Lost the CPU while spinning across the target: all lost.
+        let w = wake(400_000, Some(10_000), 500_000);
+        assert_eq!(
+            (w.lost_before_release_ns(spin), w.undisturbed_late_ns(spin)),
+            (400_000, 0)
+        );
+        // No sleep: the target passed before the thread got to it.
+        let w = wake(2_000, None, 0);
+        assert_eq!(w.lost_before_release_ns(spin), 2_000);
     }
 
     #[test]

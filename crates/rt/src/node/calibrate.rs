@@ -20,10 +20,15 @@ pub const INTERFERENCE_PROBE_NS: u64 = 500_000;
 /// What a host calibration measured (see [`crate::interference`]).
 #[derive(Debug, Clone, Default)]
 pub struct HostCalibration {
-    /// Each wake-up's lateness at its target (release-jitter samples).
+    /// Each wake-up's lateness at its target that nothing took the CPU
+    /// for ([`crate::os::Wake::undisturbed_late_ns`]: release-jitter
+    /// samples; 0 for a disturbed wake-up, whose lateness is lost time).
     pub release_jitter_ns: Vec<u64>,
-    /// Each wake-up's lost time: the probe's time lost to gaps, or the
-    /// longest gap while spinning to the target, whichever is larger.
+    /// Each wake-up's lost time: its lateness when the host took the CPU
+    /// across the target ([`crate::os::Wake::lost_before_release_ns`])
+    /// plus the probe's time lost to gaps after it (what a job released
+    /// then would have lost), or the longest gap while spinning to the
+    /// target, whichever is larger.
     pub lost_ns: Vec<u64>,
     /// The longest single gap seen.
     pub gap_max_ns: u64,
@@ -50,7 +55,8 @@ pub struct CalibrationPlan {
 }
 
 /// Calibrate this host for admission: wake-ups `gap_ns` apart, each a
-/// hybrid sleep with `spin_ns` of spin (its lateness: release jitter)
+/// hybrid sleep with `spin_ns` of spin (its lateness: release jitter, or
+/// lost time when the host took the CPU across the target)
 /// followed by the stall detector ([`spin_for_gaps`]) for `probe_ns`;
 /// until at least `wakeups_min` wake-ups have been made *and*
 /// `duration_ns` has passed (seconds: long enough to see the host's
@@ -91,8 +97,12 @@ pub fn calibrate_host(plan: CalibrationPlan) -> HostCalibration {
         }
         let wake = sleep_until_measured(target, spin_ns);
         let gaps = spin_for_gaps(probe_ns);
-        out.release_jitter_ns.push(wake.late_ns);
-        out.lost_ns.push(gaps.lost_ns.max(wake.gap_max_ns));
+        // One stall is charged once: lateness the host caused is lost
+        // time (with what the probe lost after it), not release jitter too.
+        let lost_before_ns = wake.lost_before_release_ns(spin_ns);
+        out.release_jitter_ns.push(wake.late_ns - lost_before_ns);
+        out.lost_ns
+            .push(lost_before_ns.saturating_add(gaps.lost_ns).max(wake.gap_max_ns));
         out.gap_max_ns = out.gap_max_ns.max(gaps.gap_max_ns).max(wake.gap_max_ns);
         target += gap_ns;
         // After a stall longer than the gap: the next wake-up is a gap from

@@ -174,6 +174,10 @@ impl<F: Fabric> RtNode<F> {
         let budget_ns = active.budget_ns;
         let rank = self.rank();
         let claims = active.claims.clone();
+        // Time the host took across the last release (the wake-up was
+        // late because the thread was off its CPU): charged, with what the
+        // next job loses while it runs, to that job (one stall, one charge).
+        let mut lost_before_release_ns = 0u64;
         loop {
             let now = self.clock.now();
             let now_ns = match now {
@@ -208,8 +212,10 @@ impl<F: Fabric> RtNode<F> {
                     }
                     let exec_ns = monotonic_ns() - started_mono;
                     // A job that ran longer than its compute time lost the
-                    // difference (at least) to the host.
-                    claims.observe(0, exec_ns.saturating_sub(active.core.task(job.task).compute_ns));
+                    // difference (at least) to the host; the first job after
+                    // a late wake-up also lost that lateness.
+                    let excess_ns = exec_ns.saturating_sub(active.core.task(job.task).compute_ns);
+                    claims.observe(0, std::mem::take(&mut lost_before_release_ns).saturating_add(excess_ns));
                     match task {
                         TaskRef::Send(_) => push_bounded(&mut active.stats.send_exec_ns, exec_ns),
                         TaskRef::Receive(_) => push_bounded(&mut active.stats.receive_exec_ns, exec_ns),
@@ -241,7 +247,8 @@ impl<F: Fabric> RtNode<F> {
                     let window = spin.window_ns();
                     let wake = spin.sleep_until(target);
                     let late = wake.late_ns;
-                    claims.observe(late, wake.gap_max_ns);
+                    lost_before_release_ns = wake.lost_before_release_ns(window);
+                    claims.observe(late, wake.gap_max_ns.max(lost_before_release_ns));
                     push_bounded(&mut active.stats.release_jitter_ns, late);
                     if late > LATE_WAKE_NS {
                         let c = &mut active.stats.counters;
