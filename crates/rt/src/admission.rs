@@ -534,7 +534,6 @@ mod tests {
                     }
                     // Run until the stall starts ...
                     left -= s - now;
-                    now = s;
                 }
                 // ... then wait it out.
                 now = s + len;
