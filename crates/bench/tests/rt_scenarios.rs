@@ -75,6 +75,7 @@ fn base_spec(scenario: Scenario, group: &str, members: usize, dir: &Path) -> Sce
         // so that admission does not depend on this machine's load.
         calibration_ns: 0,
         interference_declared_ns: Some(0),
+        interference_headroom_pct: 100,
         // No host record: the tests never read or write this host's.
         release_jitter_recorded_ns: 0,
         interference_recorded_ns: 0,

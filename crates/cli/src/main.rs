@@ -50,7 +50,7 @@ enum Command {
     Rt(rt::RtCommand),
     /// Deterministic simulation with fault injection and invariant checking.
     Sim(sim::SimArgs),
-    /// Data-centric publish/subscribe (DDS): perf (ddsperf-like).
+    /// Data-centric publish/subscribe (DDS): perf (ddsperf-like), pub and sub (with --rtps: Cyclone interop), sim (NAPA).
     #[command(subcommand)]
     Dds(spindle_bench::dds_perf::DdsCommand),
     /// Acknowledged multicast over a static tree: bench, calibrate, sim.

@@ -201,6 +201,58 @@ fn a_ring_the_host_cannot_promise_is_rejected_at_commit_with_the_reason() {
 }
 
 #[test]
+fn the_default_ring_is_admitted_only_with_headroom_over_the_interference() {
+    // Plain defaults (no period, no deadline) on a host that takes 2 ms
+    // at once: deadlines of 3 × 2 ms do not fit the longest default period
+    // (50 ms for 9 tasks: 5.4 ms each), and admission charges 300% of the
+    // interference, so the ring is rejected at commit, saying so.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ring-defaults.json");
+    let defaults = || {
+        let mut ring = spindle();
+        ring.args(["rt", "ring", "--periods", "10", "--no-fifo", "--no-host-record"])
+            .args([
+                "--jitter-samples",
+                "20",
+                "--calibration-ms",
+                "0",
+                "--declared-jitter-us",
+                "0",
+            ])
+            .args(["--declared-interference-us", "2000", "--clock-budget-us", "500"]);
+        ring
+    };
+    let out = run(defaults().arg("--json").arg(&path));
+    assert!(!out.status.success(), "rejected: {}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("charging 300% of the interference"), "{t}");
+    let v = json(&path);
+    assert_eq!(v["outcome"], "rejected at commit", "{v}");
+    assert_eq!(v["interference_headroom_pct"], 300, "{v}");
+    let reason = v["rejected_at_commit"].as_str().unwrap().to_string();
+    for needle in [
+        "needs a deadline of at least",
+        "interference 6000000 ns (300% of the 2000000 ns measured on this host",
+    ] {
+        assert!(reason.contains(needle), "'{needle}' not in: {reason}");
+    }
+    // As measured (100%), the same 5.4 ms deadlines absorb 2 ms: admitted,
+    // and the run says what its promise covers.
+    let path = dir.path().join("ring-as-measured.json");
+    let out = run(defaults()
+        .args(["--interference-headroom-pct", "100", "--json"])
+        .arg(&path));
+    let v = json(&path);
+    assert_eq!(v["admitted"], true, "{}", text(&out));
+    assert_eq!(v["interference_headroom_pct"], 100, "{v}");
+    assert!(
+        text(&out).contains("the promise: every job meets its deadline while the host takes at most 2000 µs"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
 fn statistical_admission_reports_the_miss_rate_against_the_budget() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ring-statistical.json");
@@ -298,6 +350,10 @@ fn bad_input_names_the_bad_value() {
             "--miss-budget 3",
         ),
         (vec!["rt", "ring", "--miss-budget", "1e-4"], "statistical only"),
+        (
+            vec!["rt", "ring", "--interference-headroom-pct", "50"],
+            "--interference-headroom-pct 50",
+        ),
         (
             vec!["rt", "ring", "--calibration-ms", "999999999"],
             "--calibration-ms 999999999",

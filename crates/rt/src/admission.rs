@@ -66,6 +66,10 @@ pub struct Margins {
     /// The host's interference charged to every job on top of its compute
     /// time (see [`crate::interference`]); 0: none assumed.
     pub interference_ns: u64,
+    /// Percent of `interference_ns` charged (0 or 100: as measured; 300:
+    /// three times what the host has shown, a headroom for stalls longer
+    /// than any seen).
+    pub interference_headroom_pct: u32,
 }
 
 impl Margins {
@@ -74,6 +78,25 @@ impl Margins {
     pub fn total_ns(&self) -> u64 {
         self.clock_error_bound_ns.saturating_add(self.release_jitter_ns)
     }
+
+    /// The interference charged to every job: `interference_ns` times the
+    /// headroom.
+    pub fn interference_charged_ns(&self) -> u64 {
+        let pct = self.interference_headroom_pct.max(100) as u128;
+        (self.interference_ns as u128 * pct).div_ceil(100).min(u64::MAX as u128) as u64
+    }
+
+    /// How the charged interference came about, for a rejection's text.
+    fn interference_source(&self) -> String {
+        if self.interference_headroom_pct > 100 {
+            format!(
+                "({}% of the {} ns measured on this host: the headroom for longer stalls than any seen)",
+                self.interference_headroom_pct, self.interference_ns
+            )
+        } else {
+            "measured on this host".to_string()
+        }
+    }
 }
 
 /// Why a task set was rejected. Always names the task.
@@ -81,10 +104,13 @@ impl Margins {
 pub enum RejectReason {
     #[error("invalid task: {0}")]
     Invalid(QosError),
-    #[error("needs a deadline of at least {deadline_needed_ns} ns, has {deadline_ns} ns: compute {compute_ns} ns + interference {interference_ns} ns measured on this host + clock bound {clock_error_bound_ns} ns + release jitter {release_jitter_ns} ns (shortened deadline {deadline_effective_ns} ns)")]
+    #[error("needs a deadline of at least {deadline_needed_ns} ns, has {deadline_ns} ns: compute {compute_ns} ns + interference {interference_ns} ns {interference_source} + clock bound {clock_error_bound_ns} ns + release jitter {release_jitter_ns} ns (shortened deadline {deadline_effective_ns} ns)")]
     ComputeExceedsDeadline {
         compute_ns: u64,
+        /// Charged (the headroom included).
         interference_ns: u64,
+        /// "measured on this host", or the headroom over what was.
+        interference_source: String,
         deadline_ns: u64,
         /// `compute + interference + clock bound + release jitter`.
         deadline_needed_ns: u64,
@@ -92,9 +118,13 @@ pub enum RejectReason {
         clock_error_bound_ns: u64,
         release_jitter_ns: u64,
     },
-    #[error("utilization {utilization_ppm} ppm (compute + interference {interference_ns} ns per job) exceeds 1,000,000 ppm once this task is added")]
-    Utilization { utilization_ppm: u64, interference_ns: u64 },
-    #[error("demand {demand_ns} ns (+ {blocking_ns} ns non-preemptive blocking; each job charged interference {interference_ns} ns measured on this host) exceeds the window [{window_start_ns}, {window_end_ns}) ns of {window_ns} ns ending at this task's deadline")]
+    #[error("utilization {utilization_ppm} ppm (compute + interference {interference_ns} ns per job {interference_source}) exceeds 1,000,000 ppm once this task is added")]
+    Utilization {
+        utilization_ppm: u64,
+        interference_ns: u64,
+        interference_source: String,
+    },
+    #[error("demand {demand_ns} ns (+ {blocking_ns} ns non-preemptive blocking; each job charged interference {interference_ns} ns {interference_source}) exceeds the window [{window_start_ns}, {window_end_ns}) ns of {window_ns} ns ending at this task's deadline")]
     Demand {
         window_start_ns: u64,
         window_end_ns: u64,
@@ -102,6 +132,7 @@ pub enum RejectReason {
         demand_ns: u64,
         blocking_ns: u64,
         interference_ns: u64,
+        interference_source: String,
     },
     #[error(
         "the feasibility interval holds more than {JOBS_MAX} jobs (hyperperiod {hyperperiod_ns} ns): too long to check"
@@ -165,6 +196,7 @@ fn reject(task: &TaskSpec, reason: RejectReason) -> Rejection {
 /// Run the node's admission test. All-or-nothing: the first failing task
 /// rejects the whole set.
 pub fn admit_node(tasks: &[TaskSpec], margins: Margins) -> Result<Admitted, Rejection> {
+    let interference_ns = margins.interference_charged_ns();
     let mut utilization_ppm: u64 = 0;
     let mut hyperperiod_ns: u64 = 1;
     let mut offset_max_ns: u64 = 0;
@@ -172,13 +204,14 @@ pub fn admit_node(tasks: &[TaskSpec], margins: Margins) -> Result<Admitted, Reje
     for task in tasks {
         task.validate().map_err(|e| reject(task, RejectReason::Invalid(e)))?;
         let effective = task.qos.deadline_ns as i64 - margins.total_ns() as i64;
-        let charged_ns = task.compute_ns.saturating_add(margins.interference_ns);
+        let charged_ns = task.compute_ns.saturating_add(interference_ns);
         if effective < charged_ns as i64 {
             return Err(reject(
                 task,
                 RejectReason::ComputeExceedsDeadline {
                     compute_ns: task.compute_ns,
-                    interference_ns: margins.interference_ns,
+                    interference_ns,
+                    interference_source: margins.interference_source(),
                     deadline_ns: task.qos.deadline_ns,
                     deadline_needed_ns: charged_ns.saturating_add(margins.total_ns()),
                     deadline_effective_ns: effective,
@@ -194,7 +227,8 @@ pub fn admit_node(tasks: &[TaskSpec], margins: Margins) -> Result<Admitted, Reje
                 task,
                 RejectReason::Utilization {
                     utilization_ppm,
-                    interference_ns: margins.interference_ns,
+                    interference_ns,
+                    interference_source: margins.interference_source(),
                 },
             ));
         }
@@ -226,13 +260,13 @@ pub fn admit_node(tasks: &[TaskSpec], margins: Margins) -> Result<Admitted, Reje
             jobs.push(Job {
                 release_ns,
                 deadline_ns: release_ns + deadlines_effective[i],
-                compute_ns: task.compute_ns + margins.interference_ns,
+                compute_ns: task.compute_ns + interference_ns,
                 task: i,
             });
             k += 1;
         }
     }
-    let (windows_checked, slack_ns_min) = demand_test(tasks, &mut jobs, margins.interference_ns)?;
+    let (windows_checked, slack_ns_min) = demand_test(tasks, &mut jobs, interference_ns, &margins)?;
     Ok(Admitted {
         utilization_ppm,
         hyperperiod_ns,
@@ -243,7 +277,12 @@ pub fn admit_node(tasks: &[TaskSpec], margins: Margins) -> Result<Admitted, Reje
 }
 
 /// The processor-demand criterion over all (release, deadline) windows.
-fn demand_test(tasks: &[TaskSpec], jobs: &mut [Job], interference_ns: u64) -> Result<(u64, u64), Rejection> {
+fn demand_test(
+    tasks: &[TaskSpec],
+    jobs: &mut [Job],
+    interference_ns: u64,
+    margins: &Margins,
+) -> Result<(u64, u64), Rejection> {
     jobs.sort_by_key(|j| (j.deadline_ns, j.release_ns, j.task));
     let mut starts: Vec<u64> = jobs.iter().map(|j| j.release_ns).collect();
     starts.sort_unstable();
@@ -286,6 +325,7 @@ fn demand_test(tasks: &[TaskSpec], jobs: &mut [Job], interference_ns: u64) -> Re
                         demand_ns,
                         blocking_ns,
                         interference_ns,
+                        interference_source: margins.interference_source(),
                     },
                 ));
             }
@@ -639,6 +679,7 @@ mod tests {
             clock_error_bound_ns: 10 * US,
             release_jitter_ns: 0,
             interference_ns: 838 * US,
+            ..Margins::default()
         };
         let r = admit_node(&table_5_1_node_a(), margins).unwrap_err();
         assert_eq!(r.task, "A user");
@@ -684,6 +725,42 @@ mod tests {
         assert_eq!(a.utilization_ppm, 2 * 888_000 / 5);
     }
 
+    #[test]
+    fn a_headroom_charges_a_multiple_of_the_measured_interference_and_says_so() {
+        let tasks = vec![task("ring send", 0, 50 * MS, 5 * US, 5_525 * US)];
+        let measured = Margins {
+            clock_error_bound_ns: 10 * US,
+            interference_ns: 1_610 * US,
+            ..Margins::default()
+        };
+        assert!(admit_node(&tasks, measured).is_ok(), "1.61 ms fits 5.5 ms");
+        let tripled = Margins {
+            interference_headroom_pct: 300,
+            ..measured
+        };
+        assert_eq!(tripled.interference_charged_ns(), 4_830 * US);
+        assert!(admit_node(&tasks, tripled).is_ok(), "4.83 ms still fits");
+        let host_worse = Margins {
+            interference_ns: 6_825_282,
+            ..tripled
+        };
+        let r = admit_node(&tasks, host_worse).unwrap_err();
+        let text = r.to_string();
+        for needle in [
+            "at least 20490846 ns",
+            "interference 20475846 ns (300% of the 6825282 ns measured on this host",
+        ] {
+            assert!(text.contains(needle), "'{needle}' not in: {text}");
+        }
+        // 0 and 100 both mean: as measured.
+        assert_eq!(measured.interference_charged_ns(), 1_610 * US);
+        let hundred = Margins {
+            interference_headroom_pct: 100,
+            ..measured
+        };
+        assert_eq!(hundred.interference_charged_ns(), 1_610 * US);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
         #[test]
@@ -697,7 +774,7 @@ mod tests {
                 let deadline = (d * US * 2).min(period);
                 task(&format!("t{i}"), (off * 10 * US) % period, period, (c * US).min(deadline), deadline)
             }).collect();
-            let margins = Margins { clock_error_bound_ns: 0, release_jitter_ns: jitter * US, interference_ns: 0 };
+            let margins = Margins { clock_error_bound_ns: 0, release_jitter_ns: jitter * US, interference_ns: 0, ..Margins::default() };
             if admit_node(&tasks, margins).is_ok() {
                 prop_assert!(simulate_np_edf(&tasks, margins));
             }
@@ -719,6 +796,7 @@ mod tests {
                 clock_error_bound_ns: 0,
                 release_jitter_ns: jitter * US,
                 interference_ns: interference * US,
+                ..Margins::default()
             };
             if admit_node(&tasks, margins).is_ok() {
                 let i_ns = interference * US;
@@ -750,7 +828,7 @@ mod tests {
             }).collect();
             // No release jitter: a late release is the stall's doing, and
             // charged only as interference.
-            let margins = Margins { clock_error_bound_ns: 0, release_jitter_ns: 0, interference_ns: interference * US };
+            let margins = Margins { clock_error_bound_ns: 0, release_jitter_ns: 0, interference_ns: interference * US, ..Margins::default() };
             if admit_node(&tasks, margins).is_ok() {
                 let i_ns = interference * US;
                 let jobs = jobs_of(&tasks, margins);
@@ -773,8 +851,8 @@ mod tests {
         #[test]
         fn admission_is_monotone_in_margins(c in 1u64..70, d in 70u64..100, j in 0u64..100) {
             let tasks = vec![task("t", 0, MS, c * US, d * US)];
-            let small = Margins { clock_error_bound_ns: 0, release_jitter_ns: j * US / 2, interference_ns: j * US / 4 };
-            let big = Margins { clock_error_bound_ns: 0, release_jitter_ns: j * US, interference_ns: j * US / 2 };
+            let small = Margins { clock_error_bound_ns: 0, release_jitter_ns: j * US / 2, interference_ns: j * US / 4, ..Margins::default() };
+            let big = Margins { clock_error_bound_ns: 0, release_jitter_ns: j * US, interference_ns: j * US / 2, ..Margins::default() };
             if admit_node(&tasks, big).is_ok() {
                 prop_assert!(admit_node(&tasks, small).is_ok());
             }

@@ -32,7 +32,7 @@
 //! ];
 //! assert!(admit_node(&node_a, Margins::default()).is_ok());
 //! // 30 µs of clock bound + release jitter leave 45 µs for a 50 µs task:
-//! let margins = Margins { clock_error_bound_ns: 10_000, release_jitter_ns: 20_000, interference_ns: 0 };
+//! let margins = Margins { clock_error_bound_ns: 10_000, release_jitter_ns: 20_000, interference_ns: 0, interference_headroom_pct: 100 };
 //! let rejection = admit_node(&node_a, margins).unwrap_err();
 //! assert_eq!(rejection.task, "A user");
 //! println!("{rejection}");

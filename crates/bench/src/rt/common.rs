@@ -74,6 +74,11 @@ pub(super) fn check_common(common: &CommonArgs) -> Result<(), String> {
     if let Some(i) = common.declared_interference_us.filter(|i| *i > 1_000_000) {
         return Err(format!("--declared-interference-us {i} must be at most 1000000"));
     }
+    if let Some(h) = common.interference_headroom_pct.filter(|h| !(100..=1_000).contains(h)) {
+        return Err(format!(
+            "--interference-headroom-pct {h} must be in 100..=1000 (100: the interference as measured)"
+        ));
+    }
     AdmissionMode::parse(&common.admission, common.miss_budget)?;
     Ok(())
 }
@@ -136,6 +141,7 @@ pub(super) fn base_spec(scenario: Scenario, common: &CommonArgs, members: usize)
         admission,
         calibration_ns: common.calibration_ms * MS,
         interference_declared_ns: common.declared_interference_us.map(|i| i * US),
+        interference_headroom_pct: common.interference_headroom_pct.unwrap_or(100),
         release_jitter_recorded_ns: jitter_recorded_ns,
         interference_recorded_ns,
         host_record,

@@ -99,6 +99,12 @@ pub struct CommonArgs {
     /// Declare the interference (µs) instead of using the calibrated one.
     #[arg(long)]
     pub declared_interference_us: Option<u64>,
+    /// Charge this percent of the interference (100..=1000): the worst a
+    /// host has shown is a lower bound of its worst; a headroom is how much
+    /// longer a stall may yet be. Default: 100 (as measured), except
+    /// `spindle rt ring` with its default parameters: 300.
+    #[arg(long)]
+    pub interference_headroom_pct: Option<u32>,
     /// This host's record of the worst interference and release lateness
     /// ever observed here (calibrations and runs): worst-case admission
     /// takes at least those, and every run adds what it saw. Default:

@@ -202,6 +202,10 @@ pub struct ScenarioSpec {
     /// (tests, and runs that want to show what a declared figure does).
     #[serde(default)]
     pub interference_declared_ns: Option<u64>,
+    /// Percent of the interference admission charges (100: as measured;
+    /// see `RtNode::set_interference_headroom`).
+    #[serde(default = "headroom_as_measured")]
+    pub interference_headroom_pct: u32,
     /// The least release jitter and interference admission takes: this
     /// host's record (worst-case mode; 0 without a record or in
     /// statistical mode). See [`crate::rt::host_record`].
@@ -589,6 +593,7 @@ fn run_channels<F: Fabric>(
             let channels = channels_of(spec, period_index)?;
             let mut node = RtNode::new(fabric.clone(), layout.clone(), service.clock().clone(), channels)?;
             node.set_admission(spec.admission, interference_ns);
+            node.set_interference_headroom(spec.interference_headroom_pct);
             let run = match spec.scenario {
                 Scenario::Compare => compare_run(spec, rank, &mut node, period_index, size, jitter_ns, &spin)?,
                 _ => pipeline_run(spec, rank, &mut node, size, jitter_ns, &spin)?,
@@ -1082,6 +1087,10 @@ fn run_clock(spec: &ScenarioSpec, service: &ClockService, report: &mut MemberRep
         std::thread::sleep(Duration::from_nanos(spec.sample_interval_ns));
     }
     Ok(())
+}
+
+fn headroom_as_measured() -> u32 {
+    100
 }
 
 #[cfg(test)]

@@ -111,6 +111,7 @@ impl<F: Fabric> RtNode<F> {
         mix(config.force as u64);
         // The admission mode is group-wide (the interference is each node's own).
         mix(self.admission.0.miss_budget().to_bits());
+        mix(self.interference_headroom_pct as u64);
         h
     }
 
@@ -184,6 +185,7 @@ impl<F: Fabric> RtNode<F> {
             clock_error_bound_ns: config.clock_bound_budget_ns,
             release_jitter_ns: config.release_jitter_ns,
             interference_ns: self.admission.1,
+            interference_headroom_pct: self.interference_headroom_pct,
         };
         let (tasks, refs, admitted) = self.node_tasks();
         let now = self.clock.now().map_err(|e| CommitError::Clock(e.to_string()))?;
@@ -245,7 +247,8 @@ impl<F: Fabric> RtNode<F> {
             refs,
             stats,
             claims: Arc::new(
-                WatchdogShared::new(tasks.len()).with_admitted(margins.interference_ns, margins.release_jitter_ns),
+                WatchdogShared::new(tasks.len())
+                    .with_admitted(margins.interference_charged_ns(), margins.release_jitter_ns),
             ),
         });
         Ok(Committed {
@@ -263,6 +266,16 @@ impl<F: Fabric> RtNode<F> {
     /// compute time. Default: worst case, no interference assumed.
     pub fn set_admission(&mut self, mode: AdmissionMode, interference_ns: u64) {
         self.admission = (mode, interference_ns);
+    }
+
+    /// Charge `pct` percent of the measured interference (at least 100:
+    /// as measured). A worst case learned from a host is a lower bound of
+    /// its true worst case (the next run may stall longer than anything
+    /// seen); a headroom is how much longer the user bets it can be.
+    /// Group-wide (part of the fingerprint). `spindle rt ring`'s default
+    /// parameters use 300.
+    pub fn set_interference_headroom(&mut self, pct: u32) {
+        self.interference_headroom_pct = pct.max(100);
     }
 
     /// Make this node vote *abort* in the activation phase of its next

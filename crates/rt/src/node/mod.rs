@@ -96,6 +96,9 @@ pub struct RtNode<F: Fabric> {
     watchdog: Option<WatchdogConfig>,
     /// The admission mode and this node's interference (`set_admission`).
     admission: (AdmissionMode, u64),
+    /// Percent of the interference charged (`set_interference_headroom`;
+    /// 100: as measured).
+    interference_headroom_pct: u32,
 }
 
 impl<F: Fabric> RtNode<F> {
@@ -142,6 +145,7 @@ impl<F: Fabric> RtNode<F> {
             activation_veto: None,
             watchdog: None,
             admission: (AdmissionMode::WorstCase, 0),
+            interference_headroom_pct: 100,
         })
     }
 
