@@ -226,6 +226,10 @@ fn the_default_ring_is_admitted_only_with_headroom_over_the_interference() {
     assert!(!out.status.success(), "rejected: {}", text(&out));
     let t = text(&out);
     assert!(t.contains("charging 300% of the interference"), "{t}");
+    assert!(
+        t.contains("hint: this host has shown stalls of 2000 µs") && t.contains("--interference-headroom-pct 300"),
+        "the rejection says what would run: {t}"
+    );
     let v = json(&path);
     assert_eq!(v["outcome"], "rejected at commit", "{v}");
     assert_eq!(v["interference_headroom_pct"], 300, "{v}");
@@ -250,6 +254,46 @@ fn the_default_ring_is_admitted_only_with_headroom_over_the_interference() {
         "{}",
         text(&out)
     );
+}
+
+/// The number after `key` in `line` ("max 49 ns" → 49).
+fn number_after(line: &str, key: &str) -> u64 {
+    let rest = &line[line.find(key).unwrap_or_else(|| panic!("'{key}' not in {line}")) + key.len()..];
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_members_admit_with_what_the_launchers_calibration_just_recorded() {
+    // A new host's first run: the launcher's calibration is the record's
+    // first observation, and every member's admission takes at least it
+    // (the members read the record after it, not before).
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("new-host.json");
+    let path = dir.path().join("ring-new-host.json");
+    let out = run(short_ring()
+        .arg("--host-record")
+        .arg(&record)
+        .args(["--host-warmup-s", "0", "--clock-budget-us", "500", "--force", "--json"])
+        .arg(&path));
+    let t = text(&out);
+    let here = t
+        .lines()
+        .find(|l| l.starts_with("this machine ("))
+        .unwrap_or_else(|| panic!("no calibration line: {t}"));
+    let (jitter_part, interference_part) = here.split_once("; interference").unwrap();
+    let floor = number_after(jitter_part, ", max ").max(number_after(interference_part, ", max "));
+    let v = json(&path);
+    for n in v["nodes"].as_array().unwrap() {
+        assert_eq!(
+            n["interference"]["interference_recorded_ns"].as_u64(),
+            Some(floor),
+            "node {n}: the launcher's calibration ({here}) is the floor"
+        );
+    }
 }
 
 #[test]

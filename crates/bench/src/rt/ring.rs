@@ -140,6 +140,14 @@ pub(super) fn ring(args: RingArgs) -> Result<(), String> {
     let eps = spec.clock_bound_budget_ns;
     let here_ns = launcher_calibration_ns(&args, &spec)?;
     let here = calibrate_here(&args.common, &spec, here_ns)?;
+    // The launcher's calibration (a new host's warm-up) is in the record
+    // now: the members' admission takes at least it too, not only what the
+    // record held before it.
+    if let Some(path) = &spec.host_record {
+        let (jitter_ns, interference_ns) = host_record::load(path, &host_record::hostname())?.floor(spec.admission);
+        spec.release_jitter_recorded_ns = jitter_ns;
+        spec.interference_recorded_ns = interference_ns;
+    }
     let mut period_ns = args.period_us.unwrap_or(5_000) * US;
     let (stages, params, force) = match args.params.as_str() {
         "default" => {
@@ -264,6 +272,9 @@ pub(super) fn ring(args: RingArgs) -> Result<(), String> {
     print_ring(&report);
     write_json(&args.common.json, &report)?;
     if let Some(reason) = &report.rejected_at_commit {
+        if args.params == "default" && args.deadline_us.is_none() && args.period_us.is_none() {
+            println!("{}", default_ring_hint(&spec, args.user_compute_us * US, &reports));
+        }
         return Err(format!(
             "admission rejected the ring at commit, nothing ran: {reason} ({record_line})"
         ));
@@ -272,6 +283,35 @@ pub(super) fn ring(args: RingArgs) -> Result<(), String> {
         plot_ring(path, &report)?;
     }
     Ok(())
+}
+
+/// After the defaults were rejected: the period this host could be
+/// promised the ring at (deadlines absorbing the same headroom over the
+/// worst interference any member admitted with), and the other way out.
+fn default_ring_hint(spec: &ScenarioSpec, user_compute_ns: u64, reports: &[MemberReport]) -> String {
+    let eps = spec.clock_bound_budget_ns;
+    let pct = spec.interference_headroom_pct.max(100) as u64;
+    let i_ns = reports
+        .iter()
+        .map(|r| r.interference.interference_admitted_ns)
+        .max()
+        .unwrap_or(0);
+    let j_ns = reports
+        .iter()
+        .map(|r| r.interference.release_jitter_admitted_ns)
+        .max()
+        .unwrap_or(0);
+    let d_ns = (user_compute_ns + eps + j_ns + (i_ns * pct).div_ceil(100)).next_multiple_of(100 * US);
+    let period_ns = pipeline_span_ns(&pipeline(&[0, 1, 2], true, d_ns, 1, 1, eps))
+        .next_multiple_of(MS)
+        .max(5 * MS);
+    format!(
+        "hint: this host has shown stalls of {} µs; with the defaults' {pct}% headroom the ring needs deadlines of at least {} µs: `spindle rt ring --period-us {} --interference-headroom-pct {pct}` (5,000 periods: {:.0} min), or `--interference-headroom-pct 100` to charge the worst as seen (then a stall longer than any seen may make a job miss)",
+        i_ns / US,
+        d_ns / US,
+        period_ns / US,
+        (period_ns * 5_000) as f64 / 60e9
+    )
 }
 
 /// How long the launcher calibrates: `--calibration-ms`, or longer while
