@@ -6,7 +6,9 @@
 # difference per second, next to each run's release jitter and its
 # releases > 10 µs late because the spinning dispatcher lost its CPU.
 #
-#   sudo bench/rt-netns-softirq.sh [--periods N] [--deadline-us D] [--out NAME] [--lock FILE]
+#   sudo bench/rt-netns-softirq.sh [--periods N] [--deadline-us D] [--spin-us W] [--out NAME] [--lock FILE]
+#
+# --spin-us W: a fixed spin window for both runs (default: self-tuned).
 #
 # Writes bench/results/NAME.json and .txt (default rt-netns-softirq). Needs root and
 # iproute2 (for the namespaces). Each run is bounded by `timeout`.
@@ -14,18 +16,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 periods=1500
 deadline_us=2000
+spin_us=""
 name=rt-netns-softirq
 lock=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --periods) periods="$2"; shift 2 ;;
         --deadline-us) deadline_us="$2"; shift 2 ;;
+        --spin-us) spin_us="$2"; shift 2 ;;
         --out) name="$2"; shift 2 ;;
         --lock) lock="$2"; shift 2 ;;
-        *) echo "unknown argument '$1' (expected --periods N, --deadline-us D, --out NAME, --lock FILE)" >&2; exit 2 ;;
+        *) echo "unknown argument '$1' (expected --periods N, --deadline-us D, --spin-us W, --out NAME, --lock FILE)" >&2; exit 2 ;;
     esac
 done
-case "$periods$deadline_us" in ''|*[!0-9]*) echo "--periods '$periods', --deadline-us '$deadline_us': expected numbers" >&2; exit 2 ;; esac
+case "$periods$deadline_us${spin_us:-0}" in ''|*[!0-9]*) echo "--periods '$periods', --deadline-us '$deadline_us', --spin-us '${spin_us:-}': expected numbers" >&2; exit 2 ;; esac
 bin="${SPINDLE:-target/release/spindle}"
 [ -x "$bin" ] || { echo "$bin not found: cargo build --release -p spindle-cli" >&2; exit 2; }
 command -v jq >/dev/null || { echo "needs jq" >&2; exit 2; }
@@ -66,12 +70,14 @@ measure() { # label json -- command…
                    run_gap_max_ns: .interference.run_gap_max_ns}]}'
 }
 common=(--periods "$periods" --deadline-us "$deadline_us" --clock-budget-us 200 --no-host-record --force)
+extra=()
+[ -n "${spin_us:-}" ] && extra=(--spin-us "$spin_us")
 echo "== shm" >> "$tmp/all.txt"
-measure shm "$tmp/shm.json" -- timeout 300 "$bin" rt ring "${common[@]}" --json "$tmp/shm.json" > "$tmp/row-1.json"
+measure shm "$tmp/shm.json" -- timeout 300 "$bin" rt ring "${common[@]}" "${extra[@]}" --json "$tmp/shm.json" > "$tmp/row-1.json"
 echo "== tcp across 3 namespaces" >> "$tmp/all.txt"
 measure netns "$tmp/netns/rt-ring-netns-x.json" -- timeout 400 scripts/rt-netns.sh --bin "$bin" --only ring \
-    --periods "$periods" --deadline-us "$deadline_us" --results "$tmp/netns" --tag x -- --no-host-record --force > "$tmp/row-2.json"
-jq -s --arg cmd "bench/rt-netns-softirq.sh --periods $periods --deadline-us $deadline_us${lock:+ --lock $lock}" --arg cpu "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" --arg k "$(uname -srm)" \
+    --periods "$periods" --deadline-us "$deadline_us" --results "$tmp/netns" --tag x -- --no-host-record --force "${extra[@]}" > "$tmp/row-2.json"
+jq -s --arg cmd "bench/rt-netns-softirq.sh --periods $periods --deadline-us $deadline_us${spin_us:+ --spin-us $spin_us}${lock:+ --lock $lock}" --arg cpu "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" --arg k "$(uname -srm)" \
     --argjson nproc "$(nproc)" --arg date "$(date -u +%FT%TZ)" --arg load "$(cut -d' ' -f1-3 /proc/loadavg)" \
     '{command: $cmd, machine: {nproc: $nproc, cpu_model: $cpu, kernel: $k, load_after: $load}, date: $date, runs: .}' \
     "$tmp"/row-*.json > "bench/results/$name.json"
