@@ -14,18 +14,24 @@ fn json(path: &std::path::Path) -> serde_json::Value {
 /// A 20-period ring of 20 ms without SCHED_FIFO or calibration, its
 /// release jitter declared 0: what admission decides then depends on the
 /// flags a test adds, not on the host.
-fn short_ring() -> std::process::Command {
+/// `spindle rt ring ARGS` without SCHED_FIFO, a short calibration and no
+/// release jitter assumed (the tests declare what they need).
+fn quiet_ring(args: &[&str]) -> std::process::Command {
     let mut ring = spindle();
-    ring.args(["rt", "ring", "--periods", "20", "--period-us", "20000", "--no-fifo"])
-        .args([
-            "--jitter-samples",
-            "20",
-            "--calibration-ms",
-            "0",
-            "--declared-jitter-us",
-            "0",
-        ]);
+    ring.args(["rt", "ring"]).args(args).args([
+        "--no-fifo",
+        "--jitter-samples",
+        "20",
+        "--calibration-ms",
+        "0",
+        "--declared-jitter-us",
+        "0",
+    ]);
     ring
+}
+
+fn short_ring() -> std::process::Command {
+    quiet_ring(&["--periods", "20", "--period-us", "20000"])
 }
 
 fn assert_summary(v: &serde_json::Value, key: &str) {
@@ -209,17 +215,8 @@ fn the_default_ring_is_admitted_only_with_headroom_over_the_interference() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ring-defaults.json");
     let defaults = || {
-        let mut ring = spindle();
-        ring.args(["rt", "ring", "--periods", "10", "--no-fifo", "--no-host-record"])
-            .args([
-                "--jitter-samples",
-                "20",
-                "--calibration-ms",
-                "0",
-                "--declared-jitter-us",
-                "0",
-            ])
-            .args(["--declared-interference-us", "2000", "--clock-budget-us", "500"]);
+        let mut ring = quiet_ring(&["--periods", "10", "--no-host-record"]);
+        ring.args(["--declared-interference-us", "2000", "--clock-budget-us", "500"]);
         ring
     };
     let out = run(defaults().arg("--json").arg(&path));

@@ -517,25 +517,24 @@ mod tests {
     /// in all: the host takes its CPU for that long once the job is due
     /// (before it starts, or while it runs: the same to its completion).
     fn simulate_np_edf_delayed(tasks: &[TaskSpec], margins: Margins, delay: &mut dyn FnMut(usize) -> u64) -> bool {
-        let h: u64 = tasks.iter().map(|t| t.qos.period_ns).fold(1, |a, p| a / gcd(a, p) * p);
-        let horizon = tasks.iter().map(|t| t.qos.release_offset_ns).max().unwrap_or(0) + 2 * h;
-        let mut jobs: Vec<(u64, u64, u64)> = Vec::new();
-        for t in tasks {
-            let mut k = 0;
-            while t.qos.release_ns(0, k) < horizon {
-                let r = t.qos.release_ns(0, k);
-                jobs.push((r, r + t.qos.deadline_ns - margins.total_ns(), t.compute_ns));
-                k += 1;
-            }
-        }
-        jobs.sort();
+        let mut jobs = jobs_of(tasks, margins);
         for (k, job) in jobs.iter_mut().enumerate() {
             job.2 += delay(k);
         }
+        np_edf_meets_deadlines(&jobs, &|at, work| at + work)
+    }
+
+    /// Non-preemptive EDF over `jobs` (`(release, deadline, work)`, in
+    /// release order); `finish(at, work)` is when `work` ns of CPU started
+    /// at `at` are done (`finish(at, 0)`: when the dispatcher next runs).
+    /// True when every deadline is met.
+    fn np_edf_meets_deadlines(jobs: &[(u64, u64, u64)], finish: &dyn Fn(u64, u64) -> u64) -> bool {
         let mut now = 0u64;
         let mut pending: Vec<(u64, u64, u64)> = Vec::new();
         let mut next = 0;
         while next < jobs.len() || !pending.is_empty() {
+            // The dispatcher only looks at the clock when it runs.
+            now = finish(now, 0);
             while next < jobs.len() && jobs[next].0 <= now {
                 pending.push(jobs[next]);
                 next += 1;
@@ -546,7 +545,7 @@ mod tests {
             }
             let i = (0..pending.len()).min_by_key(|&i| pending[i].1).unwrap();
             let job = pending.swap_remove(i);
-            now += job.2;
+            now = finish(now, job.2);
             if now > job.1 {
                 return false;
             }
@@ -580,28 +579,7 @@ mod tests {
             }
             now + left
         };
-        let mut now = 0u64;
-        let mut pending: Vec<(u64, u64, u64)> = Vec::new();
-        let mut next = 0;
-        while next < jobs.len() || !pending.is_empty() {
-            // The dispatcher only looks at the clock when it runs.
-            now = finish(now, 0);
-            while next < jobs.len() && jobs[next].0 <= now {
-                pending.push(jobs[next]);
-                next += 1;
-            }
-            if pending.is_empty() {
-                now = jobs[next].0;
-                continue;
-            }
-            let i = (0..pending.len()).min_by_key(|&i| pending[i].1).unwrap();
-            let job = pending.swap_remove(i);
-            now = finish(now, job.2);
-            if now > job.1 {
-                return false;
-            }
-        }
-        true
+        np_edf_meets_deadlines(&jobs, &finish)
     }
 
     /// Every job of the feasibility interval, `(release, shortened
