@@ -9,7 +9,8 @@
 //! off its CPU while the job is due or running (preemption, interrupts,
 //! the hypervisor descheduling a virtual CPU; learned from the host, see
 //! [`crate::interference`]). With `D' = D − clock_error_bound −
-//! release_jitter` and `C' = C + I`:
+//! release_jitter` and `C' = C + I` (`I` times the interference headroom,
+//! when one is set: `Margins::interference_headroom_pct`):
 //!
 //! 1. each task needs `C' ≤ D'` (else: "needs a deadline of at least …",
 //!    naming the interference measured);
