@@ -740,19 +740,34 @@ mod tests {
         assert_eq!(hundred.interference_charged_ns(), 1_610 * US);
     }
 
+    /// Tasks from proptest's `(offset, period exponent, compute, deadline)`:
+    /// periods of 100, 200 or 400 µs, everything in µs.
+    fn random_tasks(specs: &[(u64, u64, u64, u64)]) -> Vec<TaskSpec> {
+        specs
+            .iter()
+            .enumerate()
+            .map(|(i, &(off, p, c, d))| {
+                let period = (100 * US) << (p - 1);
+                let deadline = (d * US * 2).min(period);
+                task(
+                    &format!("t{i}"),
+                    (off * 10 * US) % period,
+                    period,
+                    (c * US).min(deadline),
+                    deadline,
+                )
+            })
+            .collect()
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(300))]
         #[test]
         fn accepted_sets_meet_every_deadline_under_np_edf(
             specs in proptest::collection::vec((0u64..10, 1u64..4, 1u64..30, 5u64..50), 1..5),
             jitter in 0u64..5,
         ) {
             // Periods from {100, 200, 400} µs, everything in µs.
-            let tasks: Vec<TaskSpec> = specs.iter().enumerate().map(|(i, &(off, p, c, d))| {
-                let period = (100 * US) << (p - 1);
-                let deadline = (d * US * 2).min(period);
-                task(&format!("t{i}"), (off * 10 * US) % period, period, (c * US).min(deadline), deadline)
-            }).collect();
+            let tasks = random_tasks(&specs);
             let margins = Margins { clock_error_bound_ns: 0, release_jitter_ns: jitter * US, interference_ns: 0, ..Margins::default() };
             if admit_node(&tasks, margins).is_ok() {
                 prop_assert!(simulate_np_edf(&tasks, margins));
@@ -766,11 +781,7 @@ mod tests {
             jitter in 0u64..5,
             seed in any::<u64>(),
         ) {
-            let tasks: Vec<TaskSpec> = specs.iter().enumerate().map(|(i, &(off, p, c, d))| {
-                let period = (100 * US) << (p - 1);
-                let deadline = (d * US * 2).min(period);
-                task(&format!("t{i}"), (off * 10 * US) % period, period, (c * US).min(deadline), deadline)
-            }).collect();
+            let tasks = random_tasks(&specs);
             let margins = Margins {
                 clock_error_bound_ns: 0,
                 release_jitter_ns: jitter * US,
@@ -800,11 +811,7 @@ mod tests {
             interference in 0u64..40,
             seed in any::<u64>(),
         ) {
-            let tasks: Vec<TaskSpec> = specs.iter().enumerate().map(|(i, &(off, p, c, d))| {
-                let period = (100 * US) << (p - 1);
-                let deadline = (d * US * 2).min(period);
-                task(&format!("t{i}"), (off * 10 * US) % period, period, (c * US).min(deadline), deadline)
-            }).collect();
+            let tasks = random_tasks(&specs);
             // No release jitter: a late release is the stall's doing, and
             // charged only as interference.
             let margins = Margins { clock_error_bound_ns: 0, release_jitter_ns: 0, interference_ns: interference * US, ..Margins::default() };
