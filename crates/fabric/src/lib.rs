@@ -207,6 +207,18 @@ pub trait Fabric: Send + Sync + 'static {
     /// visible to the peers only after it; the group layer calls it at the
     /// end of every pass. A fabric that sends at once does nothing.
     fn flush(&self) {}
+    /// Whether every push to `rank` issued before this call has
+    /// *completed*: its bytes are in `rank`'s memory, as the fabric's own
+    /// completions say (libfabric's completion queue with
+    /// `FI_DELIVERY_COMPLETE` on ofi). `None`: this fabric reports no
+    /// completions (tcp: a push hands bytes to the kernel; a layer that
+    /// needs to know must have the peer answer, as the replica's echo
+    /// does). shm's push is its own completion (`Some(true)`). A peer that
+    /// is not connected has completed nothing (`Some(false)`). Cheap:
+    /// callable in a wait loop (it drives the fabric's completions).
+    fn pushes_completed(&self, _rank: usize) -> Option<bool> {
+        None
+    }
     /// Declare a byte range of every row that the layer above reads only
     /// behind a guard (after an `Acquire` load of a word pushed after the
     /// bytes) and never while its owner may rewrite it: the group layer's

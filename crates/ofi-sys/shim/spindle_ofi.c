@@ -33,6 +33,12 @@
 #define SPOF_MR_VIRT_ADDR 4u /* remote addresses are virtual addresses (FI_MR_VIRT_ADDR) */
 #define SPOF_MR_LOCAL 8u     /* local buffers need their descriptor (FI_MR_LOCAL) */
 #define SPOF_MR_PROV_KEY 16u /* the provider picks keys (FI_MR_PROV_KEY) */
+#define SPOF_DELIVERY_COMPLETE 32u /* a write completes once it is in the target's memory (FI_DELIVERY_COMPLETE) */
+#define SPOF_MSG 64u /* the endpoint also sends and receives messages (FI_MSG) */
+
+/* spof_open's `open_flags`. */
+#define SPOF_OPEN_DELIVERY_COMPLETE 1 /* every write completes once delivered */
+#define SPOF_OPEN_MSG 2               /* FI_MSG too: fi_send / fi_recv (the RPC baseline) */
 
 struct spof_endpoint {
     struct fi_info *info;
@@ -55,13 +61,15 @@ const char *spof_strerror(int code)
     return fi_strerror(code < 0 ? -code : code);
 }
 
-static struct fi_info *spof_hints(const char *provider, int ordered)
+static struct fi_info *spof_hints(const char *provider, int ordered, int msg)
 {
     struct fi_info *hints = fi_allocinfo();
     if (!hints)
         return NULL;
     hints->ep_attr->type = FI_EP_RDM;
     hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+    if (msg)
+        hints->caps |= FI_MSG | FI_SEND | FI_RECV;
     /* The modes Spindle supports: none that need per-operation contexts. */
     hints->mode = 0;
     hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
@@ -87,7 +95,7 @@ static struct fi_info *spof_hints(const char *provider, int ordered)
  */
 int spof_providers(char *buf, size_t buf_len)
 {
-    struct fi_info *hints = spof_hints(NULL, 0);
+    struct fi_info *hints = spof_hints(NULL, 0, 0);
     struct fi_info *list = NULL, *cur;
     size_t used = 0;
     int found = 0, ret;
@@ -176,10 +184,13 @@ static int spof_open_cq(struct spof_endpoint *e, size_t cq_depth)
  * attempt (for a provider known to break its ordering claim). An
  * unordered endpoint's writes complete only once delivered
  * (FI_DELIVERY_COMPLETE), so that the caller can order by completions.
- * On failure `err` says which step.
+ * `open_flags`: SPOF_OPEN_DELIVERY_COMPLETE asks for delivery completion
+ * on every endpoint (a completion then says the bytes are in the target's
+ * memory, not only sent: the replica's acknowledgement); SPOF_OPEN_MSG
+ * adds messages (fi_send / fi_recv). On failure `err` says which step.
  */
-int spof_open(const char *provider, int trust_order, size_t cq_depth, struct spof_endpoint **out, char *err,
-              size_t err_len)
+int spof_open(const char *provider, int trust_order, int open_flags, size_t cq_depth, struct spof_endpoint **out,
+              char *err, size_t err_len)
 {
     struct spof_endpoint *e = calloc(1, sizeof *e);
     struct fi_info *hints;
@@ -189,7 +200,7 @@ int spof_open(const char *provider, int trust_order, size_t cq_depth, struct spo
     if (!e)
         return -FI_ENOMEM;
     for (ordered = trust_order ? 1 : 0; ordered >= 0; ordered--) {
-        hints = spof_hints(provider, ordered);
+        hints = spof_hints(provider, ordered, open_flags & SPOF_OPEN_MSG);
         if (!hints) {
             free(e);
             return -FI_ENOMEM;
@@ -206,8 +217,12 @@ int spof_open(const char *provider, int trust_order, size_t cq_depth, struct spo
     }
     if (ordered == 1)
         e->flags |= SPOF_ORDERED_WAW;
-    else
+    if (open_flags & SPOF_OPEN_MSG)
+        e->flags |= SPOF_MSG;
+    if (ordered != 1 || (open_flags & SPOF_OPEN_DELIVERY_COMPLETE)) {
         e->info->tx_attr->op_flags |= FI_DELIVERY_COMPLETE;
+        e->flags |= SPOF_DELIVERY_COMPLETE;
+    }
     /* FI_MR_BASIC (the old name of the three modes together) counts too. */
     if (e->info->domain_attr->mr_mode & (FI_MR_VIRT_ADDR | FI_MR_BASIC))
         e->flags |= SPOF_MR_VIRT_ADDR;
@@ -311,7 +326,11 @@ int spof_av_remove(struct spof_endpoint *e, uint64_t fi_addr)
 int spof_mr_reg(struct spof_endpoint *e, void *buf, size_t len, uint64_t requested_key, struct fid_mr **mr,
                 uint64_t *key, void **desc)
 {
-    int ret = fi_mr_reg(e->domain, buf, len, FI_WRITE | FI_REMOTE_WRITE, 0, requested_key, 0, mr, NULL);
+    uint64_t access = FI_WRITE | FI_REMOTE_WRITE;
+    int ret;
+    if (e->flags & SPOF_MSG)
+        access |= FI_SEND | FI_RECV;
+    ret = fi_mr_reg(e->domain, buf, len, access, 0, requested_key, 0, mr, NULL);
     if (ret)
         return ret;
     *key = fi_mr_key(*mr);
@@ -330,6 +349,18 @@ ssize_t spof_write(struct spof_endpoint *e, const void *buf, size_t len, void *d
                    uint64_t addr, uint64_t key, void *context)
 {
     return fi_write(e->ep, buf, len, desc, (fi_addr_t)dest, addr, key, context);
+}
+
+/* One message of `len` bytes at `buf` to `dest` (needs SPOF_MSG). */
+ssize_t spof_send(struct spof_endpoint *e, const void *buf, size_t len, void *desc, uint64_t dest, void *context)
+{
+    return fi_send(e->ep, buf, len, desc, (fi_addr_t)dest, context);
+}
+
+/* Post a receive buffer of `len` bytes at `buf`, from any peer (needs SPOF_MSG). */
+ssize_t spof_recv(struct spof_endpoint *e, void *buf, size_t len, void *desc, void *context)
+{
+    return fi_recv(e->ep, buf, len, desc, FI_ADDR_UNSPEC, context);
 }
 
 /* Up to `count` completions' contexts into `contexts`; -FI_EAGAIN if none. */

@@ -66,6 +66,16 @@ pub const SPOF_MR_VIRT_ADDR: u32 = 4;
 pub const SPOF_MR_LOCAL: u32 = 8;
 /// `spof_flags`: the provider picks registration keys (`FI_MR_PROV_KEY`).
 pub const SPOF_MR_PROV_KEY: u32 = 16;
+/// `spof_flags`: a write completes only once its bytes are in the
+/// target's memory (`FI_DELIVERY_COMPLETE`), not when they were sent.
+pub const SPOF_DELIVERY_COMPLETE: u32 = 32;
+/// `spof_flags`: the endpoint also sends and receives messages (`FI_MSG`).
+pub const SPOF_MSG: u32 = 64;
+/// `spof_open` flag: every write completes once delivered
+/// (`FI_DELIVERY_COMPLETE`).
+pub const SPOF_OPEN_DELIVERY_COMPLETE: i32 = 1;
+/// `spof_open` flag: messages too (`FI_MSG`: `spof_send`, `spof_recv`).
+pub const SPOF_OPEN_MSG: i32 = 2;
 
 #[cfg(feature = "libfabric")]
 mod ffi {
@@ -92,6 +102,7 @@ mod ffi {
         pub fn spof_open(
             provider: *const c_char,
             trust_order: c_int,
+            open_flags: c_int,
             cq_depth: usize,
             out: *mut *mut spof_endpoint,
             err: *mut c_char,
@@ -122,6 +133,21 @@ mod ffi {
             dest: u64,
             addr: u64,
             key: u64,
+            context: *mut c_void,
+        ) -> isize;
+        pub fn spof_send(
+            e: *mut spof_endpoint,
+            buf: *const c_void,
+            len: usize,
+            desc: *mut c_void,
+            dest: u64,
+            context: *mut c_void,
+        ) -> isize;
+        pub fn spof_recv(
+            e: *mut spof_endpoint,
+            buf: *mut c_void,
+            len: usize,
+            desc: *mut c_void,
             context: *mut c_void,
         ) -> isize;
         pub fn spof_cq_read(e: *mut spof_endpoint, contexts: *mut *mut c_void, count: usize) -> isize;

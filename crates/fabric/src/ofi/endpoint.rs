@@ -84,6 +84,9 @@ pub struct Granted {
     pub prov_key: bool,
     /// Issue one write per peer at a time ([`PROVIDERS_SERIALIZED`]).
     pub serialized: bool,
+    /// A write's completion says its bytes are in the target's memory
+    /// (`FI_DELIVERY_COMPLETE`), not only that they left.
+    pub delivery_complete: bool,
 }
 
 /// An opened, enabled RDM endpoint (fabric, domain, CQ, AV, endpoint).
@@ -103,9 +106,27 @@ unsafe impl Sync for Endpoint {}
 
 impl Endpoint {
     /// Open an endpoint of `provider` whose completion queue holds
-    /// `cq_depth` entries. A provider that is not there (or cannot do RMA
-    /// writes on RDM endpoints) fails with the list of those that can.
-    pub fn open(provider: &str, cq_depth: usize) -> Result<Endpoint, FabricError> {
+    /// `cq_depth` entries; with `delivery_complete` every write completes
+    /// only once it is in the target's memory. A provider that is not
+    /// there (or cannot do RMA writes on RDM endpoints) fails with the
+    /// list of those that can.
+    pub fn open(provider: &str, cq_depth: usize, delivery_complete: bool) -> Result<Endpoint, FabricError> {
+        let flags = if delivery_complete {
+            sys::SPOF_OPEN_DELIVERY_COMPLETE
+        } else {
+            0
+        };
+        Endpoint::open_with(provider, cq_depth, flags)
+    }
+
+    /// As [`Endpoint::open`] (no delivery completion), with messages too:
+    /// [`Endpoint::send`] and [`Endpoint::recv`], for two-sided baselines
+    /// on the same provider as the one-sided path.
+    pub fn open_messaging(provider: &str, cq_depth: usize) -> Result<Endpoint, FabricError> {
+        Endpoint::open_with(provider, cq_depth, sys::SPOF_OPEN_MSG)
+    }
+
+    fn open_with(provider: &str, cq_depth: usize, open_flags: c_int) -> Result<Endpoint, FabricError> {
         let trust_order = !PROVIDERS_BREAKING_ORDER.contains(&provider);
         let name = CString::new(provider)
             .map_err(|_| FabricError::InvalidOption(format!("provider name {provider:?} contains a NUL byte")))?;
@@ -117,6 +138,7 @@ impl Endpoint {
             sys::spof_open(
                 name.as_ptr(),
                 trust_order as c_int,
+                open_flags,
                 cq_depth,
                 &mut raw,
                 err.as_mut_ptr(),
@@ -149,6 +171,7 @@ impl Endpoint {
                 mr_local: flags & sys::SPOF_MR_LOCAL != 0,
                 prov_key: flags & sys::SPOF_MR_PROV_KEY != 0,
                 serialized: PROVIDERS_SERIALIZED.contains(&provider),
+                delivery_complete: flags & sys::SPOF_DELIVERY_COMPLETE != 0,
             },
             max_write_bytes: usize::try_from(max_msg).unwrap_or(usize::MAX),
             description: text(&desc),
@@ -284,11 +307,61 @@ impl Endpoint {
                 context as *mut c_void,
             )
         };
-        match ret {
-            0 => Ok(true),
-            r if r == -(sys::FI_EAGAIN as isize) => Ok(false),
-            r => Err(r as i64),
-        }
+        eagain_or(ret)
+    }
+
+    /// Send the `len` bytes at `local` to the peer at `dest` (an endpoint
+    /// opened with [`Endpoint::open_messaging`]); `context` comes back with
+    /// its completion. `Ok(false)`: the transmit queue is full.
+    ///
+    /// # Safety
+    /// `local..local + len` must stay allocated and inside `mr`'s
+    /// registration until the send's completion is read.
+    #[inline]
+    pub unsafe fn send(
+        &self,
+        local: *const u8,
+        len: usize,
+        mr: &Registration,
+        dest: u64,
+        context: usize,
+    ) -> Result<bool, i64> {
+        // SAFETY: the buffer is registered and lives until completion
+        // (caller contract); the context is an integer handed back.
+        let ret = unsafe {
+            sys::spof_send(
+                self.raw.as_ptr(),
+                local as *const c_void,
+                len,
+                mr.desc,
+                dest,
+                context as *mut c_void,
+            )
+        };
+        eagain_or(ret)
+    }
+
+    /// Post a buffer of `len` bytes at `local` for one message from any
+    /// peer (an endpoint opened with [`Endpoint::open_messaging`]);
+    /// `context` comes back with the completion of the message received
+    /// into it. `Ok(false)`: the receive queue is full.
+    ///
+    /// # Safety
+    /// `local..local + len` must stay allocated, inside `mr`'s
+    /// registration and otherwise untouched until its completion is read.
+    #[inline]
+    pub unsafe fn recv(&self, local: *mut u8, len: usize, mr: &Registration, context: usize) -> Result<bool, i64> {
+        // SAFETY: as for `send` (caller contract).
+        let ret = unsafe {
+            sys::spof_recv(
+                self.raw.as_ptr(),
+                local as *mut c_void,
+                len,
+                mr.desc,
+                context as *mut c_void,
+            )
+        };
+        eagain_or(ret)
     }
 
     /// Read completions without blocking (driving the provider's progress),
@@ -361,6 +434,17 @@ impl Drop for Endpoint {
         // SAFETY: opened in `open`, freed once here; every registration
         // and write borrowed `self`, so none outlives it.
         unsafe { sys::spof_close(self.raw.as_ptr()) };
+    }
+}
+
+/// A posting call's result: issued, the queue full (`-FI_EAGAIN`), or
+/// libfabric's error code.
+#[inline]
+fn eagain_or(ret: isize) -> Result<bool, i64> {
+    match ret {
+        0 => Ok(true),
+        r if r == -(sys::FI_EAGAIN as isize) => Ok(false),
+        r => Err(r as i64),
     }
 }
 

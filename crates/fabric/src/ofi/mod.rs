@@ -95,6 +95,9 @@ const SCRATCH_BYTES: usize = CACHE_LINE_BYTES;
 const FIRST_WRITE_MAX: Duration = Duration::from_secs(10);
 /// How long a closing member waits for its outstanding writes.
 const DRAIN_MAX: Duration = Duration::from_millis(500);
+/// Lost peers' addresses kept in the address vector (see
+/// [`Shared::retire_address`]).
+const RETIRED_ADDRESSES_MAX: usize = 256;
 /// Mixed into the control plane's layout tag, so that an ofi member and a
 /// tcp member of a group with the same name never accept each other.
 const CONTROL_TAG: u64 = u64::from_le_bytes(*b"SPNDLOFI");
@@ -113,6 +116,13 @@ pub struct OfiOptions {
     /// Completion queue entries; at most half as many writes are
     /// outstanding at once.
     pub cq_depth: usize,
+    /// Every write completes only once its bytes are in the target's
+    /// memory (`FI_DELIVERY_COMPLETE`), so that
+    /// [`Fabric::pushes_completed`] reports delivery: what the one-sided
+    /// replica acknowledges on. Off by default: the group needs only the
+    /// ordering, and on providers that emulate it (`tcp`) every write
+    /// then waits for the target's acknowledgement.
+    pub delivery_complete: bool,
     /// The longest a push may wait for room in the transmit queue (or for
     /// the previous write's completion, where writes are serialized)
     /// before the peer it writes to is declared gone
@@ -137,6 +147,7 @@ impl OfiOptions {
             tcp,
             provider: provider.to_string(),
             cq_depth: CQ_DEPTH_DEFAULT,
+            delivery_complete: false,
         }
     }
 
@@ -211,6 +222,9 @@ struct Shared {
     /// Which peers were sent this member's announcement (bit = rank);
     /// refreshes are serialized by this lock.
     announced: Mutex<u64>,
+    /// Addresses of lost or replaced peers, oldest first, still in the
+    /// address vector (at most [`RETIRED_ADDRESSES_MAX`]).
+    retired: Mutex<std::collections::VecDeque<u64>>,
     /// Writes issued and not completed, over all peers.
     outstanding: AtomicU64,
     outstanding_max: u64,
@@ -258,7 +272,7 @@ impl OfiFabric {
             .ok_or_else(|| FabricError::InvalidOption("rows overflow".into()))?;
         // The endpoint and registration first: a missing provider or a
         // memlock limit fails before any peer is contacted.
-        let endpoint = Endpoint::open(&options.provider, options.cq_depth)?;
+        let endpoint = Endpoint::open(&options.provider, options.cq_depth, options.delivery_complete)?;
         let rows = RowsAlloc::new(total + SCRATCH_BYTES)?;
         let incarnation = incarnation()?;
         // SAFETY: the rows live in `Shared` after the registration and are
@@ -279,7 +293,7 @@ impl OfiFabric {
         control::write_own(&control, &me);
         drop(me);
         let description = format!(
-            "ofi:{}#{rank}@{} ({}{})",
+            "ofi:{}#{rank}@{} ({}{}{})",
             options.tcp.group,
             options.tcp.addresses[rank],
             endpoint.describe(),
@@ -287,6 +301,11 @@ impl OfiFabric {
                 ""
             } else {
                 ", unordered: waits per push"
+            },
+            if options.delivery_complete {
+                ", delivery complete"
+            } else {
+                ""
             }
         );
         let shared = Arc::new(Shared {
@@ -302,6 +321,7 @@ impl OfiFabric {
                 })
                 .collect(),
             announced: Mutex::new(0),
+            retired: Mutex::new(std::collections::VecDeque::with_capacity(RETIRED_ADDRESSES_MAX)),
             outstanding: AtomicU64::new(0),
             outstanding_max: (options.cq_depth / 2) as u64,
             send_stall_max: options.send_stall_max,
@@ -336,6 +356,15 @@ impl OfiFabric {
     pub fn peer_state(&self, rank: usize) -> (PeerState, Option<String>) {
         let peer = &self.shared.peers[rank];
         (peer.state(), peer.why.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    /// Whether `rank` is this member, or a peer whose writes land
+    /// (announced, no failed write) and whose control connection is up.
+    pub fn peer_alive(&self, rank: usize) -> bool {
+        rank == self.rank
+            || (rank < self.member_count
+                && self.shared.peers[rank].state() == PeerState::Ready
+                && self.shared.control.peer_status(rank).0 == crate::tcp::PeerStatus::Connected)
     }
 
     /// Whether the provider orders writes to one peer (`FI_ORDER_WAW`);
@@ -415,6 +444,23 @@ impl Shared {
         }
     }
 
+    /// A lost (or replaced) peer's address leaves the address vector only
+    /// after [`RETIRED_ADDRESSES_MAX`] later losses: removing it at once
+    /// (`fi_av_remove`) while the provider still held writes to it made
+    /// libfabric 1.17's `tcp` provider (through `ofi_rxm`) crash with
+    /// SIGSEGV, or stall, in its own progress thread (the KV service's
+    /// failover under load, `kv_service` tests). Bounded: a peer that
+    /// restarts forever costs at most that many entries.
+    fn retire_address(&self, fi_addr: u64) {
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        if retired.len() == RETIRED_ADDRESSES_MAX {
+            if let Some(oldest) = retired.pop_front() {
+                self.endpoint.remove(oldest);
+            }
+        }
+        retired.push_back(fi_addr);
+    }
+
     /// Look for peers that connected, came back or were lost, and send
     /// this member's announcement to new ones.
     fn refresh(&self) {
@@ -431,7 +477,7 @@ impl Shared {
                 *announced &= !bit;
                 let old = peer.remote.lock().unwrap_or_else(|p| p.into_inner()).take();
                 if let Some(old) = old {
-                    self.endpoint.remove(old.fi_addr);
+                    self.retire_address(old.fi_addr);
                 }
                 if peer.state() == PeerState::Ready {
                     peer.set_state(PeerState::Waiting);
@@ -472,7 +518,7 @@ impl Shared {
         let replaced = match *remote {
             Some(r) if r.incarnation == announce.incarnation => return None,
             Some(r) => {
-                self.endpoint.remove(r.fi_addr);
+                self.retire_address(r.fi_addr);
                 true
             }
             None => false,
@@ -516,7 +562,9 @@ impl Shared {
         // SAFETY: the scratch line follows the rows inside the registered
         // allocation, which lives as long as `self`.
         let local = unsafe { self.rows.ptr.as_ptr().add(total) };
-        self.issue(rank, remote, local, 8, remote.scratch_addr)?;
+        // The connection is set up here (`ofi_rxm` answers "try again"
+        // until it is): allow it the first write's bound, not a push's.
+        self.issue(rank, remote, local, 8, remote.scratch_addr, FIRST_WRITE_MAX)?;
         let peer = &self.peers[rank];
         let started = Instant::now();
         // Relaxed: a count; the completion was read on this thread or the
@@ -601,13 +649,13 @@ impl Shared {
 
     /// Wait for room for one more write, driving completions; `Err` after
     /// `send_stall_max` without room.
-    fn wait_for_room(&self, started: &mut Option<Instant>, rank: usize) -> Result<(), String> {
+    fn wait_for_room(&self, started: &mut Option<Instant>, rank: usize, stall_max: Duration) -> Result<(), String> {
         self.complete(0);
         let since = *started.get_or_insert_with(Instant::now);
-        if since.elapsed() > self.send_stall_max {
+        if since.elapsed() > stall_max {
             return Err(format!(
                 "fi_write to member {rank}: no room in the transmit queue for {} ms",
-                self.send_stall_max.as_millis()
+                stall_max.as_millis()
             ));
         }
         std::hint::spin_loop();
@@ -624,14 +672,22 @@ impl Shared {
         // range, row `self.rank`), which live until the endpoint is closed
         // after the last completion was drained (OfiFabric::drop).
         let local = unsafe { self.rows.ptr.as_ptr().add(self.rank * self.row_len_bytes + range.start) };
-        if let Err(why) = self.issue(rank, &remote, local, range.len(), remote.row_addr + range.start as u64) {
+        if let Err(why) = self.issue(
+            rank,
+            &remote,
+            local,
+            range.len(),
+            remote.row_addr + range.start as u64,
+            self.send_stall_max,
+        ) {
             self.fault(rank, why);
         }
     }
 
     /// Issue one write of `len` bytes at `local` (inside the registration)
     /// to `remote_addr` at `rank`, after the ordering and the bound on
-    /// outstanding writes allow it; `Err` names what failed.
+    /// outstanding writes allow it, waiting at most `stall_max` for room;
+    /// `Err` names what failed.
     fn issue(
         &self,
         rank: usize,
@@ -639,6 +695,7 @@ impl Shared {
         local: *const u8,
         len: usize,
         remote_addr: u64,
+        stall_max: Duration,
     ) -> Result<(), String> {
         let peer = &self.peers[rank];
         let mut started = None;
@@ -649,11 +706,11 @@ impl Shared {
             // Relaxed: a count, re-read until it drains; the completion
             // itself is the event (read by `complete`).
             while peer.outstanding.load(Ordering::Relaxed) > 0 {
-                self.wait_for_room(&mut started, rank)?;
+                self.wait_for_room(&mut started, rank, stall_max)?;
             }
         }
         while self.outstanding.load(Ordering::Relaxed) >= self.outstanding_max {
-            self.wait_for_room(&mut started, rank)?;
+            self.wait_for_room(&mut started, rank, stall_max)?;
         }
         // Relaxed: counts only (see `complete`).
         self.outstanding.fetch_add(1, Ordering::Relaxed);
@@ -669,7 +726,7 @@ impl Shared {
             match issued {
                 Ok(true) => return Ok(()),
                 Ok(false) => {
-                    if let Err(why) = self.wait_for_room(&mut started, rank) {
+                    if let Err(why) = self.wait_for_room(&mut started, rank, stall_max) {
                         break Err(why);
                     }
                 }
@@ -774,6 +831,22 @@ impl Fabric for OfiFabric {
 
     fn describe(&self) -> String {
         self.description.clone()
+    }
+
+    /// With [`OfiOptions::delivery_complete`]: no write to `rank` is
+    /// outstanding (every one issued so far reported its delivery on the
+    /// completion queue) and `rank` is ready (a push to a peer that is not
+    /// skips it, so nothing was delivered). Without it: `None`, a write's
+    /// completion only says the bytes left.
+    fn pushes_completed(&self, rank: usize) -> Option<bool> {
+        if !self.shared.endpoint.granted.delivery_complete {
+            return None;
+        }
+        let peer = self.shared.peers.get(rank)?;
+        self.shared.complete(0);
+        // Relaxed: a count that the completion's reader decremented; the
+        // completion is the event, and nothing is read through it.
+        Some(peer.state() == PeerState::Ready && peer.outstanding.load(Ordering::Relaxed) == 0)
     }
 }
 
