@@ -5,10 +5,11 @@
 //! ```text
 //! # spindle kv serve --config kv.toml
 //! group = "kv"              # group name (shm file / tcp handshake)
-//! transport = "shm"         # or "tcp"
-//! peers = ""                # tcp: member addresses, comma-separated
+//! transport = "shm"         # or "tcp", or "ofi" / "ofi:<provider>" (libfabric, built
+//!                           # with the `ofi` feature; "ofi" is its tcp provider)
+//! peers = ""                # tcp, ofi: member addresses, comma-separated
 //!                           # (empty: 127.0.0.1, ports port+1 …)
-//! key = "spindle-kv"        # tcp: the group's shared secret: set your own
+//! key = "spindle-kv"        # tcp, ofi: the group's shared secret: set your own
 //! backups = 3               # R: 1..=3 (more allowed, up to 63)
 //! spares = 0                # members that replace a dead backup
 //! mode = "one-sided"        # or "rpc"
@@ -62,10 +63,14 @@ pub struct ServiceConfig {
 }
 
 /// Which fabric the members use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Transport {
     Shm,
     Tcp,
+    /// libfabric (`ofi`: its tcp provider; `ofi:<provider>`: `verbs`,
+    /// `efa`, ...), as written; the control plane is tcp on the peers'
+    /// addresses, as for `Tcp`.
+    Ofi(String),
 }
 
 impl Transport {
@@ -73,13 +78,35 @@ impl Transport {
         match s {
             "shm" => Ok(Transport::Shm),
             "tcp" => Ok(Transport::Tcp),
-            other => Err(format!("unknown transport '{other}': expected 'shm' or 'tcp'")),
+            "ofi" => Ok(Transport::Ofi(s.to_string())),
+            ofi if ofi.strip_prefix("ofi:").is_some_and(|p| {
+                !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            }) =>
+            {
+                Ok(Transport::Ofi(s.to_string()))
+            }
+            other => Err(format!(
+                "unknown transport '{other}': expected 'shm', 'tcp', 'ofi' or 'ofi:<provider>' (e.g. ofi:verbs)"
+            )),
         }
     }
-    pub fn as_str(&self) -> &'static str {
+    pub fn as_str(&self) -> &str {
         match self {
             Transport::Shm => "shm",
             Transport::Tcp => "tcp",
+            Transport::Ofi(text) => text,
+        }
+    }
+    /// Whether members reach each other over the network (tcp, ofi): a
+    /// key and addresses are needed.
+    pub fn is_networked(&self) -> bool {
+        !matches!(self, Transport::Shm)
+    }
+    /// The libfabric provider of an ofi transport (`ofi` is `tcp`).
+    pub fn ofi_provider(&self) -> Option<&str> {
+        match self {
+            Transport::Ofi(text) => Some(text.strip_prefix("ofi:").unwrap_or("tcp")),
+            _ => None,
         }
     }
 }
@@ -202,9 +229,12 @@ impl ServiceConfig {
                 spindle_fabric::MEMBERS_MAX
             ));
         }
-        if self.transport == Transport::Tcp {
+        if self.transport.is_networked() {
             if self.key.is_empty() {
-                return Err("key = \"\": a tcp group needs a shared secret".into());
+                return Err(format!(
+                    "key = \"\": a {} group needs a shared secret",
+                    self.transport.as_str()
+                ));
             }
             if !self.peers.is_empty() && self.peers.len() != self.members() {
                 return Err(format!(
@@ -394,6 +424,31 @@ mod tests {
         assert!(ServiceConfig::parse("transport = \"udp\"")
             .unwrap_err()
             .contains("'udp'"));
+    }
+
+    #[test]
+    fn ofi_transport_parses_round_trips_and_names_a_bad_provider() {
+        let c = ServiceConfig::parse("transport = \"ofi\"\nspares = 1\n").unwrap();
+        assert_eq!(c.transport, Transport::Ofi("ofi".into()));
+        assert_eq!(c.transport.ofi_provider(), Some("tcp"));
+        assert_eq!(
+            c.tcp_addresses().unwrap().len(),
+            c.members(),
+            "loopback addresses, as for tcp"
+        );
+        let v = ServiceConfig::parse("transport = \"ofi:verbs\"\n").unwrap();
+        assert_eq!(v.transport.ofi_provider(), Some("verbs"));
+        assert_eq!(
+            ServiceConfig::parse(&v.to_text()).unwrap(),
+            v,
+            "to_text keeps the provider"
+        );
+        for bad in ["ofi:", "ofi:ver bs", "ofi;verbs"] {
+            let e = ServiceConfig::parse(&format!("transport = \"{bad}\"\n")).unwrap_err();
+            assert!(e.contains(bad) && e.contains("ofi:<provider>"), "{e}");
+        }
+        let e = ServiceConfig::parse("transport = \"ofi\"\nkey = \"\"\n").unwrap_err();
+        assert!(e.contains("ofi group needs a shared secret"), "{e}");
     }
 
     #[test]

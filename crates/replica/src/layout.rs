@@ -26,6 +26,8 @@
 //!          │                       (Release after the bytes); in rpc mode a backup's own head[m]
 //!          │                       is its reply: positions copied into its own area; with
 //!          │                       `Completion::Echo` (tcp) a backup's own head[m] is its echo
+//!          │                       (`Completion::Queue`, ofi: nothing; the master's completion
+//!          │                       queue says when its writes are in the backups' memory)
 //!  after   ┌ counters[C]      u64  appends, flow-control waits, syncs, … (never pushed)
 //!  next    ┌ areas            M × segments_max × segment_bytes
 //!          │   area b of master m: the log segments m writes one-sided for backup b
@@ -61,6 +63,12 @@ pub enum Completion {
     /// completion an RDMA NIC would give, emulated for fabrics whose push
     /// only hands bytes to the kernel (tcp). It copies no record bytes.
     Echo,
+    /// When the fabric reports every write to every backup delivered
+    /// ([`spindle_fabric::Fabric::pushes_completed`]): ofi, where
+    /// libfabric's completion queue says so (`FI_DELIVERY_COMPLETE`; on an
+    /// RDMA NIC the target's NIC acknowledged the bytes into its memory).
+    /// No backup thread is involved.
+    Queue,
 }
 
 impl Completion {
@@ -68,6 +76,7 @@ impl Completion {
         match self {
             Completion::Push => "push",
             Completion::Echo => "echo",
+            Completion::Queue => "queue",
         }
     }
 }

@@ -11,9 +11,13 @@
 //! returns the bytes are in the backup's mapping, readable by it in place,
 //! and they outlive the master's process (the backup holds the mapping).
 //! They do not outlive the host: shm is one host, and the backups flush to
-//! disk in the background. On **tcp** (not built yet) completion would
-//! mean the peer applied the frame, which needs a completion the fabric
-//! does not report yet.
+//! disk in the background. On **tcp** a push only hands bytes to the
+//! kernel: a backup's echo thread reports the guard it sees applied
+//! ([`Completion::Echo`]). On **ofi** the fabric's completion queue
+//! reports each write delivered into the backup's memory
+//! (`FI_DELIVERY_COMPLETE`): the master waits until no write to any
+//! backup is outstanding ([`Completion::Queue`]), with no backup code on
+//! the path, as with RDMA in the RAMCloud seed.
 //!
 //! **RPC** (`Mode::Rpc`): the same copy into area `b` is the request; the
 //! backup's thread copies it into its own log and stores its own
@@ -129,6 +133,13 @@ impl<F: Fabric> Master<F> {
     ) -> Result<Master<F>, String> {
         let me = fabric.member_rank();
         assert!(!backups.contains(&me), "the master is not its own backup");
+        if layout.completion == Completion::Queue && backups.iter().any(|&b| fabric.pushes_completed(b).is_none()) {
+            return Err(format!(
+                "the fabric ({}) reports no write completions, which a replica with completion = queue waits on \
+                 (ofi: open it with delivery_complete; tcp: use completion = echo)",
+                fabric.describe()
+            ));
+        }
         let mut master = Master {
             fabric,
             layout,
@@ -527,6 +538,9 @@ impl<F: Fabric> Master<F> {
         if self.is_disk() {
             return self.wait_durable(head);
         }
+        if self.mode == Mode::OneSided && self.layout.completion == Completion::Queue {
+            return self.wait_write_completions();
+        }
         let mut i = 0;
         let mut spins = 0u32;
         let mut started = 0u64;
@@ -546,6 +560,38 @@ impl<F: Fabric> Master<F> {
             let before = self.backups.len();
             self.stall(b, &mut spins, &mut started)
                 .map_err(|s| format!("backup {b} is alive but did not reply for {s} s"))?;
+            if self.backups.len() < before {
+                continue;
+            }
+        }
+        Ok(())
+    }
+
+    /// One-sided with `Completion::Queue`: wait until the fabric reports
+    /// every write issued so far to every live backup delivered into its
+    /// memory. No backup code runs for it.
+    fn wait_write_completions(&mut self) -> Result<(), String> {
+        let mut i = 0;
+        let mut spins = 0u32;
+        let mut started = 0u64;
+        while i < self.backups.len() {
+            let b = self.backups[i];
+            match self.fabric.pushes_completed(b) {
+                Some(true) => {
+                    i += 1;
+                    continue;
+                }
+                Some(false) => {}
+                None => {
+                    return Err(format!(
+                        "the fabric ({}) reports no write completions for backup {b}",
+                        self.fabric.describe()
+                    ))
+                }
+            }
+            let before = self.backups.len();
+            self.stall(b, &mut spins, &mut started)
+                .map_err(|s| format!("backup {b} is alive but the writes to it did not complete for {s} s"))?;
             if self.backups.len() < before {
                 continue;
             }
@@ -670,10 +716,11 @@ impl<F: Fabric> Master<F> {
         Ok(())
     }
 
-    /// Whether an append completes only when backups answer (rpc,
-    /// one-sided with `Completion::Echo`, or disk durability).
+    /// Whether an append completes only when backups answer or the
+    /// fabric reports completions (rpc, one-sided with `Completion::Echo`
+    /// or `Completion::Queue`, or disk durability).
     pub fn waits_for_backups(&self) -> bool {
-        self.mode == Mode::Rpc || self.layout.completion == Completion::Echo || self.is_disk()
+        self.mode == Mode::Rpc || self.layout.completion != Completion::Push || self.is_disk()
     }
 
     /// Group commit on or off. On, an append returns once its record is

@@ -1,4 +1,4 @@
-//! One member of a replicated store, on shm or tcp: a backup (or a spare)
+//! One member of a replicated store, on shm, tcp or ofi: a backup (or a spare)
 //! until it becomes the master, through as many failovers as it takes.
 //!
 //! ```text
@@ -28,7 +28,7 @@
 //! its slot in the group file says *running* and its process exists (a
 //! crashed process is found by pid; a member thread that leaves sets its
 //! slot to *left*), and a gone member is gone for certain; on tcp a member
-//! is alive while its connection is up, and nothing is certain.
+//! (and on ofi) is alive while its connection is up, and nothing is certain.
 //!
 //! Members beyond `1 + backups` are **spares**: they follow no epoch until
 //! a master puts them in its backup set (replacing a dead backup).
@@ -83,6 +83,18 @@ impl Membership for TcpFabric {
         rank == self.member_rank() || self.peer_status(rank).0 == PeerStatus::Connected
     }
     /// A broken connection may be a cut link: nothing is certain on tcp.
+    fn member_gone(&self, _rank: usize) -> bool {
+        false
+    }
+}
+
+/// ofi: alive while its writes land and its control connection is up;
+/// as on tcp, a lost connection may be a cut link, so nothing is certain.
+#[cfg(feature = "ofi")]
+impl Membership for spindle_fabric::ofi::OfiFabric {
+    fn member_alive(&self, rank: usize) -> bool {
+        self.peer_alive(rank)
+    }
     fn member_gone(&self, _rank: usize) -> bool {
         false
     }
@@ -293,6 +305,49 @@ impl Node<TcpFabric> {
         let fabric = match listener {
             Some(l) => TcpFabric::open_with_listener(&options, rank, l),
             None => TcpFabric::open(&options, rank),
+        };
+        Node::start(Arc::new(fabric.map_err(|e| e.to_string())?), layout, config)
+    }
+}
+
+#[cfg(feature = "ofi")]
+impl Node<spindle_fabric::ofi::OfiFabric> {
+    /// Open member `rank` of a group over libfabric's `provider`
+    /// (`"verbs"`, `"efa"`, `"tcp"`, ...): `addresses[r]` is where member
+    /// `r`'s control plane listens, `key` the group's shared secret.
+    /// One-sided writes complete when the provider's completion queue
+    /// reports them delivered ([`Completion::Queue`]): no echo thread.
+    pub fn open_ofi(
+        config: NodeConfig,
+        rank: usize,
+        addresses: Vec<std::net::SocketAddr>,
+        key: Vec<u8>,
+        provider: &str,
+        listener: Option<std::net::TcpListener>,
+        durability: Durability,
+    ) -> Result<Node<spindle_fabric::ofi::OfiFabric>, String> {
+        use spindle_fabric::ofi::{OfiFabric, OfiOptions};
+        if addresses.len() != config.members {
+            return Err(format!(
+                "{} addresses given for {} members",
+                addresses.len(),
+                config.members
+            ));
+        }
+        let layout = replica_layout(&config, Completion::Queue, durability)?;
+        let mut options = OfiOptions::new(
+            &config.group,
+            layout.row.row_len_bytes(),
+            layout.row.tag(),
+            addresses,
+            key,
+            provider,
+        );
+        options.tcp.join_timeout = config.join_timeout;
+        options.delivery_complete = true;
+        let fabric = match listener {
+            Some(l) => OfiFabric::open_with_listener(&options, rank, l),
+            None => OfiFabric::open(&options, rank),
         };
         Node::start(Arc::new(fabric.map_err(|e| e.to_string())?), layout, config)
     }
