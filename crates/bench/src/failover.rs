@@ -34,8 +34,8 @@ pub struct Events {
 }
 
 impl ViewRun {
-    /// Start `ranks` members in one view. `transport` is shm or tcp
-    /// (loopback ports from a free range).
+    /// Start `ranks` members in one view. `transport` is shm, tcp or
+    /// `ofi[:<provider>]` (loopback ports from a free range).
     pub fn start(
         dir: &Path,
         ranks: usize,
@@ -63,7 +63,7 @@ impl ViewRun {
             "--initial".into(),
             (0..initial).map(|r| r.to_string()).collect::<Vec<_>>().join(","),
         ];
-        if transport == "tcp" {
+        if transport == "tcp" || crate::member::is_ofi(transport) {
             common.push("--base-port".into());
             common.push(free_ports(ranks as u16)?.to_string());
         }
@@ -237,7 +237,8 @@ pub fn rate_between(events: &Events, from: u64, to: u64) -> f64 {
 
 #[derive(Args, Debug)]
 pub struct FailoverArgs {
-    /// shm or tcp (loopback).
+    /// shm, tcp (loopback), or `ofi` / `ofi:PROVIDER` (libfabric, a build
+    /// with `--features ofi`; its control plane on loopback).
     #[arg(long, default_value = "shm")]
     transport: String,
     /// kill: SIGKILL a member (its process is gone); stop: SIGSTOP it (it
@@ -284,8 +285,11 @@ struct FailoverReport {
 }
 
 pub fn bench(args: FailoverArgs) -> Result<(), String> {
-    if !matches!(args.transport.as_str(), "shm" | "tcp") {
-        return Err(format!("--transport {}: expected shm or tcp", args.transport));
+    if !matches!(args.transport.as_str(), "shm" | "tcp") && !crate::member::is_ofi(&args.transport) {
+        return Err(format!(
+            "--transport {}: expected shm, tcp, ofi or ofi:<provider>",
+            args.transport
+        ));
     }
     if !matches!(args.fault.as_str(), "kill" | "stop") {
         return Err(format!("--fault {}: expected kill or stop", args.fault));

@@ -36,6 +36,8 @@ pub mod multicast;
 pub mod payload;
 pub mod plot;
 pub mod replica;
+#[cfg(feature = "ofi")]
+pub mod replica_msg;
 pub mod report;
 pub mod rt;
 pub mod sim;

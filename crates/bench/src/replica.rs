@@ -9,7 +9,13 @@
 //! acknowledgement (all backups complete), back to back, after a warm-up.
 //! On tcp a one-sided write completes when every backup's echo of the
 //! guard came back ([`Completion::Echo`]): a push there only hands bytes
-//! to the kernel.
+//! to the kernel. On ofi (`--transport ofi[:<provider>]`, built with the
+//! `ofi` feature) it completes when the master's completion queue reports
+//! every `fi_write` delivered (`FI_DELIVERY_COMPLETE`,
+//! [`Completion::Queue`]): no backup code runs on the path. The rpc rows
+//! on ofi are the same two-sided baseline as on the other fabrics: a
+//! backup thread copies each request out of its area and answers with its
+//! own guard, both moved by `fi_write`.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -46,11 +52,13 @@ pub struct ReplicaArgs {
     /// Backup counts, comma-separated (each 1..=63).
     #[arg(long, default_value = "1,2,3")]
     pub backups: String,
-    /// one-sided, rpc, or both.
+    /// one-sided, rpc, or both. On ofi, rpc also runs over the provider's
+    /// messages (fi_send / fi_recv; rows of mode rpc-msg).
     #[arg(long, default_value = "both")]
     pub mode: String,
-    /// Fabrics, comma-separated: shm, tcp (loopback). Both by default, in
-    /// one run.
+    /// Fabrics, comma-separated: shm, tcp (loopback), ofi or
+    /// ofi:PROVIDER (libfabric, built with `--features ofi`; `ofi` is
+    /// its tcp provider, on loopback). shm and tcp by default, in one run.
     #[arg(long, default_value = "shm,tcp")]
     pub transport: String,
     /// Samples per configuration (fewer for big objects: at most 256 MiB written per configuration).
@@ -112,8 +120,13 @@ fn parse_list(s: &str, what: &str) -> Result<Vec<usize>, String> {
 
 pub fn run(args: ReplicaArgs) -> Result<(), String> {
     let transports: Vec<&str> = args.transport.split(',').map(str::trim).collect();
-    if let Some(t) = transports.iter().find(|t| !matches!(**t, "shm" | "tcp")) {
-        return Err(format!("--transport {t}: expected shm, tcp or shm,tcp"));
+    if let Some(t) = transports
+        .iter()
+        .find(|t| !matches!(**t, "shm" | "tcp") && !crate::member::is_ofi(t))
+    {
+        return Err(format!(
+            "--transport {t}: expected a comma-separated list of shm, tcp, ofi or ofi:<provider>"
+        ));
     }
     let sizes = parse_list(&args.object_size, "object-size")?;
     let backups = parse_list(&args.backups, "backups")?;
@@ -150,32 +163,40 @@ pub fn run(args: ReplicaArgs) -> Result<(), String> {
                 for &b in &backups {
                     for &size in &sizes {
                         let count = args.count.min((BYTES_PER_CONFIG_MAX / size).max(100));
+                        let mut row = |mode: &str, latency_ns: Percentiles, flow_waits: u64| {
+                            println!(
+                                "{:>9} {:>10} {:>8} {:>12} {:>8} {:>9} {:>9} {:>9} {:>10} {:>10}",
+                                transport,
+                                mode,
+                                b,
+                                size,
+                                latency_ns.samples,
+                                latency_ns.p50,
+                                latency_ns.p99,
+                                latency_ns.p999,
+                                latency_ns.max,
+                                flow_waits
+                            );
+                            rows.push(Row {
+                                kind: "write".into(),
+                                transport: transport.into(),
+                                mode: mode.into(),
+                                backups: b,
+                                object_size: size,
+                                latency_ns,
+                                flow_waits,
+                                rate_mbps: args.rate_mbps,
+                                idle: args.idle.clone(),
+                                machine: machine.clone(),
+                            });
+                        };
                         let (latency_ns, flow_waits) = measure(transport, mode, b, size, count, idle, args.rate_mbps)?;
-                        println!(
-                            "{:>9} {:>10} {:>8} {:>12} {:>8} {:>9} {:>9} {:>9} {:>10} {:>10}",
-                            transport,
-                            mode.as_str(),
-                            b,
-                            size,
-                            latency_ns.samples,
-                            latency_ns.p50,
-                            latency_ns.p99,
-                            latency_ns.p999,
-                            latency_ns.max,
-                            flow_waits
-                        );
-                        rows.push(Row {
-                            kind: "write".into(),
-                            transport: transport.into(),
-                            mode: mode.as_str().into(),
-                            backups: b,
-                            object_size: size,
-                            latency_ns,
-                            flow_waits,
-                            rate_mbps: args.rate_mbps,
-                            idle: args.idle.clone(),
-                            machine: machine.clone(),
-                        });
+                        row(mode.as_str(), latency_ns, flow_waits);
+                        if mode == Mode::Rpc && crate::member::is_ofi(transport) {
+                            // The same baseline over the provider's messages
+                            // (fi_send / fi_recv), as in the RAMCloud seed.
+                            row(RPC_MSG, measure_rpc_msg(transport, b, size, count)?, 0);
+                        }
                     }
                 }
             }
@@ -217,12 +238,20 @@ pub fn run(args: ReplicaArgs) -> Result<(), String> {
 }
 
 fn summarize(rows: &[Row]) {
-    for transport in ["shm", "tcp"] {
+    let mut transports: Vec<&str> = rows.iter().map(|r| r.transport.as_str()).collect();
+    transports.dedup();
+    for transport in transports {
         let find = |mode: &str| {
             rows.iter()
                 .find(|r| r.transport == transport && r.mode == mode && r.backups == 3 && r.object_size == 100)
                 .map(|r| r.latency_ns.p50)
         };
+        if let (Some(one), Some(msg)) = (find("one-sided"), find(RPC_MSG)) {
+            println!(
+                "{transport}, 100 B, 3 backups: one-sided p50 {one} ns vs rpc over fi_send p50 {msg} ns: {:.1}×",
+                msg as f64 / one.max(1) as f64
+            );
+        }
         if let (Some(one), Some(rpc)) = (find("one-sided"), find("rpc")) {
             println!(
                 "{transport}, 100 B, 3 backups: one-sided p50 {one} ns vs rpc p50 {rpc} ns: {:.1}×{}",
@@ -267,16 +296,11 @@ fn measure(
         rate_mbps,
         idle,
     };
-    if transport == "tcp" {
+    if crate::member::is_ofi(transport) {
+        measure_ofi(transport, members, geometry, &spec, &group)
+    } else if transport == "tcp" {
         let layout = ReplicaLayout::with_completion(members, geometry, mode.as_str(), Completion::Echo);
-        // Bind every listener first (port 0): no race for free ports.
-        let mut listeners = Vec::new();
-        let mut addresses = Vec::new();
-        for _ in 0..members {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind a loopback port: {e}"))?;
-            addresses.push(l.local_addr().map_err(|e| e.to_string())?);
-            listeners.push(Some(l));
-        }
+        let (addresses, listeners) = loopback_listeners(members)?;
         let mut options = TcpOptions::new(
             &group,
             layout.row.row_len_bytes(),
@@ -285,11 +309,8 @@ fn measure(
             b"spindle bench replica".to_vec(),
         );
         options.join_timeout = Duration::from_secs(30);
-        let listeners = std::sync::Mutex::new(listeners);
         let open = move |rank: usize| -> Result<Arc<TcpFabric>, String> {
-            let listener = listeners.lock().unwrap_or_else(|p| p.into_inner())[rank]
-                .take()
-                .ok_or_else(|| format!("member {rank} opened twice"))?;
+            let listener = take_listener(&listeners, rank)?;
             Ok(Arc::new(
                 TcpFabric::open_with_listener(&options, rank, listener).map_err(|e| e.to_string())?,
             ))
@@ -304,6 +325,89 @@ fn measure(
         };
         run_config(Arc::new(open), layout, &spec, &group)
     }
+}
+
+/// The mode name of the rpc baseline over libfabric messages.
+const RPC_MSG: &str = "rpc-msg";
+
+/// The rpc baseline over `fi_send` / `fi_recv` ([`crate::replica_msg`]).
+#[cfg(feature = "ofi")]
+fn measure_rpc_msg(transport: &str, backups: usize, size: usize, count: usize) -> Result<Percentiles, String> {
+    crate::replica_msg::measure(crate::member::ofi_provider(transport), backups, size, count, WARMUP)
+}
+
+#[cfg(not(feature = "ofi"))]
+fn measure_rpc_msg(transport: &str, _backups: usize, _size: usize, _count: usize) -> Result<Percentiles, String> {
+    Err(format!("--transport {transport}: built without libfabric support"))
+}
+
+/// Listeners bound before any member starts, each taken once.
+type Listeners = std::sync::Mutex<Vec<Option<std::net::TcpListener>>>;
+
+/// Bind a loopback listener per member first (port 0): no race for free
+/// ports.
+fn loopback_listeners(members: usize) -> Result<(Vec<std::net::SocketAddr>, Listeners), String> {
+    let mut listeners = Vec::new();
+    let mut addresses = Vec::new();
+    for _ in 0..members {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind a loopback port: {e}"))?;
+        addresses.push(l.local_addr().map_err(|e| e.to_string())?);
+        listeners.push(Some(l));
+    }
+    Ok((addresses, std::sync::Mutex::new(listeners)))
+}
+
+/// Member `rank`'s listener (each is taken once).
+fn take_listener(listeners: &Listeners, rank: usize) -> Result<std::net::TcpListener, String> {
+    listeners.lock().unwrap_or_else(|p| p.into_inner())[rank]
+        .take()
+        .ok_or_else(|| format!("member {rank} opened twice"))
+}
+
+/// One configuration over libfabric: one-sided writes complete by the
+/// provider's completion queue ([`Completion::Queue`]).
+#[cfg(feature = "ofi")]
+fn measure_ofi(
+    transport: &str,
+    members: usize,
+    geometry: LogGeometry,
+    spec: &MasterSpec,
+    group: &str,
+) -> Result<(Percentiles, u64), String> {
+    use spindle_fabric::ofi::{OfiFabric, OfiOptions};
+    let layout = ReplicaLayout::with_completion(members, geometry, spec.mode.as_str(), Completion::Queue);
+    let (addresses, listeners) = loopback_listeners(members)?;
+    let mut options = OfiOptions::new(
+        group,
+        layout.row.row_len_bytes(),
+        layout.row.tag(),
+        addresses,
+        b"spindle bench replica".to_vec(),
+        crate::member::ofi_provider(transport),
+    );
+    options.tcp.join_timeout = Duration::from_secs(30);
+    options.delivery_complete = true;
+    let open = move |rank: usize| -> Result<Arc<OfiFabric>, String> {
+        let listener = take_listener(&listeners, rank)?;
+        Ok(Arc::new(
+            OfiFabric::open_with_listener(&options, rank, listener).map_err(|e| e.to_string())?,
+        ))
+    };
+    run_config(Arc::new(open), layout, spec, group)
+}
+
+#[cfg(not(feature = "ofi"))]
+fn measure_ofi(
+    transport: &str,
+    _members: usize,
+    _geometry: LogGeometry,
+    _spec: &MasterSpec,
+    _group: &str,
+) -> Result<(Percentiles, u64), String> {
+    Err(format!(
+        "--transport {transport}: this spindle was built without libfabric support; rebuild with \
+         `cargo build --release -p spindle-cli --features ofi` (needs libfabric-dev)"
+    ))
 }
 
 type Opener<F> = Arc<dyn Fn(usize) -> Result<Arc<F>, String> + Send + Sync>;

@@ -59,7 +59,8 @@ pub struct ViewMemberArgs {
     pub suspect_timeout_ms: u64,
     #[arg(long, default_value_t = 10)]
     pub peer_check_ms: u64,
-    /// shm or tcp (tcp: member r listens on 127.0.0.1:<base-port + r>).
+    /// shm, tcp, ofi or ofi:PROVIDER (tcp, and ofi's control plane:
+    /// member r listens on 127.0.0.1:<base-port + r>).
     #[arg(long, default_value = "shm")]
     pub transport: String,
     #[arg(long, default_value_t = 0)]
@@ -212,11 +213,43 @@ pub fn run(args: ViewMemberArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
             drive(group, &args, &mut app)
         }
-        other => Err(format!("unknown transport '{other}': expected shm or tcp")),
+        t if crate::member::is_ofi(t) => view_member_ofi(&args, config, &mut app),
+        other => Err(format!(
+            "unknown transport '{other}': expected shm, tcp, ofi or ofi:<provider>"
+        )),
     }
 }
 
+/// Over libfabric: the tcp recipe's options become the control plane's.
+#[cfg(feature = "ofi")]
+fn view_member_ofi(args: &ViewMemberArgs, config: GroupConfig, app: &mut App) -> Result<(), String> {
+    let tcp = tcp_options(args, &config)?;
+    let options = spindle::transport::ofi_options(tcp, crate::member::ofi_provider(&args.transport));
+    let fabric = Arc::new(spindle_fabric::ofi::OfiFabric::open(&options, args.rank).map_err(|e| e.to_string())?);
+    let group = if args.join {
+        Group::join_running(fabric, config, app)
+    } else {
+        Group::join(fabric, config)
+    }
+    .map_err(|e| e.to_string())?;
+    drive(group, args, app)
+}
+
+#[cfg(not(feature = "ofi"))]
+fn view_member_ofi(args: &ViewMemberArgs, _config: GroupConfig, _app: &mut App) -> Result<(), String> {
+    Err(format!(
+        "--transport {}: this spindle was built without libfabric support; rebuild with \
+         `cargo build --release -p spindle-cli --features ofi` (needs libfabric-dev)",
+        args.transport
+    ))
+}
+
 fn open_tcp(args: &ViewMemberArgs, config: &GroupConfig) -> Result<TcpFabric, String> {
+    TcpFabric::open(&tcp_options(args, config)?, args.rank).map_err(|e| e.to_string())
+}
+
+/// The tcp options of this member (for tcp, and ofi's control plane).
+fn tcp_options(args: &ViewMemberArgs, config: &GroupConfig) -> Result<spindle_fabric::tcp::TcpOptions, String> {
     let addresses = if args.addresses.is_empty() {
         (0..args.ranks)
             .map(|r| format!("127.0.0.1:{}", args.base_port as usize + r))
@@ -234,9 +267,8 @@ fn open_tcp(args: &ViewMemberArgs, config: &GroupConfig) -> Result<TcpFabric, St
     // suspicion timeout); at open a member waits only for the first view's
     // other members, a joiner for nobody (it is admitted once the group
     // hears it: late joins are accepted by the fabric's link thread).
-    let options = spindle::transport::tcp_options(&tcp, config, &SmcLayout::new(config), args.rank, args.join)
-        .map_err(|e| e.to_string())?;
-    TcpFabric::open(&options, args.rank).map_err(|e| e.to_string())
+    spindle::transport::tcp_options(&tcp, config, &SmcLayout::new(config), args.rank, args.join)
+        .map_err(|e| e.to_string())
 }
 
 /// The group key of a test or bench group: derived from its name (these

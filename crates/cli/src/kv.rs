@@ -64,8 +64,9 @@ pub struct ServeArgs {
     /// (overrides the file).
     #[arg(long)]
     pub durability: Option<String>,
-    /// Fabric between the members: shm or tcp (overrides the file; tcp
-    /// without `peers` in the file: loopback, ports port+1 …).
+    /// Fabric between the members: shm, tcp, or ofi / ofi:PROVIDER
+    /// (libfabric; a build with `--features ofi`) (overrides the file; tcp
+    /// and ofi without `peers` in the file: loopback, ports port+1 …).
     #[arg(long)]
     pub transport: Option<String>,
     /// shm group name (overrides the file).
@@ -317,7 +318,7 @@ fn run_member(args: MemberArgs) -> Result<(), String> {
         ));
     }
     let node_config = config.node_config(Duration::from_secs(30));
-    match config.transport {
+    match &config.transport {
         Transport::Shm => member_main(
             Node::open_with(node_config, args.rank, config.durability)?,
             &config,
@@ -332,7 +333,39 @@ fn run_member(args: MemberArgs) -> Result<(), String> {
                 args.rank,
             )
         }
+        Transport::Ofi(_) => ofi_member(node_config, &config, args.rank),
     }
+}
+
+/// A member over libfabric: writes complete by the provider's completion
+/// queue (no echo thread on the backups).
+#[cfg(feature = "ofi")]
+fn ofi_member(
+    node_config: spindle_replica::node::NodeConfig,
+    config: &ServiceConfig,
+    rank: usize,
+) -> Result<(), String> {
+    let addresses = config.tcp_addresses()?;
+    let key = config.key.as_bytes().to_vec();
+    let provider = config.transport.ofi_provider().unwrap_or("tcp");
+    member_main(
+        Node::open_ofi(node_config, rank, addresses, key, provider, None, config.durability)?,
+        config,
+        rank,
+    )
+}
+
+#[cfg(not(feature = "ofi"))]
+fn ofi_member(
+    _node_config: spindle_replica::node::NodeConfig,
+    config: &ServiceConfig,
+    _rank: usize,
+) -> Result<(), String> {
+    Err(format!(
+        "transport = \"{}\": this spindle was built without libfabric support; rebuild with \
+         `cargo build --release -p spindle-cli --features ofi` (needs libfabric-dev)",
+        config.transport.as_str()
+    ))
 }
 
 /// One member: follow (a backup or spare) until this member leads, then

@@ -182,3 +182,18 @@ fn tcp_kill_join_and_stop_each_give_a_new_view_and_the_logs_agree() {
         &["was removed from the group", "minority partition"],
     );
 }
+
+/// The same over libfabric (its tcp provider; a build with `--features
+/// ofi`): a killed member's control connection resets and its writes
+/// fail, a stopped one misses heartbeats.
+#[cfg(feature = "ofi")]
+#[test]
+fn ofi_kill_join_and_stop_each_give_a_new_view_and_the_logs_agree() {
+    let group = format!("mship-ofi-{}", std::process::id());
+    let port = free_ports(4).expect("free loopback ports").to_string();
+    kill_join_and_stop(
+        &group,
+        &["--transport", "ofi", "--base-port", &port],
+        &["was removed from the group", "minority partition"],
+    );
+}

@@ -144,10 +144,22 @@ fn spinning_tcp_members_receive_on_their_own_thread_and_deliver_everything() {
 
 #[test]
 fn spindle_run_members_from_one_config_deliver_in_total_order() {
+    run_members_deliver_in_total_order("run-ok", "");
+}
+
+/// The same group file with `transport = "ofi"` (libfabric's tcp
+/// provider; a build with `--features ofi`).
+#[cfg(feature = "ofi")]
+#[test]
+fn spindle_run_members_over_ofi_deliver_in_total_order() {
+    run_members_deliver_in_total_order("run-ofi", "transport = \"ofi\"");
+}
+
+fn run_members_deliver_in_total_order(group: &str, extra: &str) {
     let dir = tempfile::tempdir().unwrap();
     write_key(dir.path(), "g.key", "0123456789abcdef0123456789abcdef");
     let ports = [free_port(), free_port()];
-    write_config(dir.path(), "g.toml", "run-ok", "g.key", &ports, "");
+    write_config(dir.path(), "g.toml", group, "g.key", &ports, extra);
     let logs = dir.path().join("logs");
     let cfg = dir.path().join("g.toml");
     let log_arg = logs.to_str().unwrap();
