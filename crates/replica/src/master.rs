@@ -436,13 +436,19 @@ impl<F: Fabric> Master<F> {
     /// waits for [`Master::complete`] (one sync round per batch).
     fn publish(&mut self, new_head: u64, range_from: u64) -> Result<(), String> {
         let guard_now = !(self.deferred && self.is_disk());
+        // Every backup's bytes first, then every guard: on a fabric whose
+        // writes to one peer go one at a time (libfabric's tcp provider),
+        // the guard to `b` then waits only for `b`'s bytes, which were
+        // issued beside the others', not for one backup after another.
         for &b in &self.backups {
             let at = self.layout.area_offset(b, range_from);
             let end = self.layout.area_offset(b, new_head - 1) + 1;
             if end > at {
                 self.fabric.push(at..end, PeerSet(1 << b)).map_err(|e| e.to_string())?;
             }
-            if guard_now {
+        }
+        if guard_now {
+            for &b in &self.backups {
                 self.publish_guard(b, new_head)?;
             }
         }
