@@ -82,6 +82,12 @@ fn json_file(name: &str) -> (tempfile::TempDir, PathBuf) {
 /// Cyclone's `ddsperf pub` (reliable, keyed `KeyedSeq`, keep-all) writes;
 /// `spindle dds sub --rtps` takes 10,000 samples in order per key.
 fn cyclone_to_spindle(domain: u16, size: usize, rate_hz: u32) {
+    cyclone_to_spindle_with(domain, size, rate_hz, false);
+}
+
+/// As [`cyclone_to_spindle`]; with `malformed`, a thread sends malformed
+/// RTPS datagrams to every UDP port of the Spindle process meanwhile.
+fn cyclone_to_spindle_with(domain: u16, size: usize, rate_hz: u32, malformed: bool) {
     let ddsperf = ddsperf();
     let (_dir, json) = json_file("sub.json");
     let sub = Reaped(
@@ -111,7 +117,20 @@ fn cyclone_to_spindle(domain: u16, size: usize, rate_hz: u32) {
             .spawn()
             .expect("spawn ddsperf pub"),
     );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let garbage = malformed.then(|| {
+        let (pid, stop) = (sub.0.id(), stop.clone());
+        std::thread::spawn(move || send_malformed(pid, &stop))
+    });
     let out = finish(sub, "spindle dds sub");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(g) = garbage {
+        let (sent, ports) = g.join().expect("the malformed-datagram thread");
+        assert!(
+            sent >= 100 && ports > 0,
+            "malformed datagrams reached Spindle: {sent} to {ports} ports"
+        );
+    }
     assert!(
         out.status.success(),
         "spindle dds sub failed: {}{}",
@@ -206,6 +225,92 @@ fn spindle_to_cyclone(domain: u16, size: usize, rate_hz: u32) {
 #[test]
 fn cyclone_publishes_16_byte_samples_and_spindle_takes_them_in_order() {
     cyclone_to_spindle(61, 16, 5000);
+}
+
+/// Malformed RTPS datagrams at Spindle's RTPS ports while Cyclone
+/// publishes: every kind below is dropped (by rustdds's message parser,
+/// or by the CDR decoding that `cdr_decoding_fuzz` in the spindle crate
+/// fuzzes), the participant does not crash, and every one of the
+/// 10,000 real samples still arrives once, in order, with its bytes.
+#[test]
+fn malformed_rtps_datagrams_are_dropped_and_every_sample_still_arrives() {
+    cyclone_to_spindle_with(63, 16, 5000, true);
+}
+
+/// The UDP ports process `pid` has open (from `ss`).
+fn udp_ports_of(pid: u32) -> Vec<u16> {
+    let out = Command::new("ss")
+        .args(["-H", "-u", "-a", "-n", "-p"])
+        .output()
+        .expect("run ss (iproute2)");
+    let needle = format!("pid={pid},");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&needle))
+        .filter_map(|l| l.split_whitespace().nth(3)?.rsplit(':').next()?.parse().ok())
+        .collect()
+}
+
+/// Datagram `i` of a deterministic series of malformed RTPS messages.
+fn malformed_datagram(i: u64, rng: &mut u64) -> Vec<u8> {
+    let mut next = || {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        *rng
+    };
+    // "RTPS", protocol 2.3, vendor, a 12-byte GUID prefix.
+    let mut header = b"RTPS\x02\x03\x01\x0f".to_vec();
+    header.extend((0..12).map(|_| next() as u8));
+    let mut random = |n: usize| -> Vec<u8> { (0..n).map(|_| next() as u8).collect() };
+    match i % 7 {
+        // Nothing, or a header cut short.
+        0 => Vec::new(),
+        1 => header[..(i as usize % 20)].to_vec(),
+        // A submessage whose length runs past the datagram.
+        2 => [header, vec![0x15, 0x01, 0xff, 0x7f], random(8)].concat(),
+        // A DATA submessage shorter than its fixed fields.
+        3 => [header, vec![0x15, 0x05, 0x04, 0x00], random(4)].concat(),
+        // A DATA submessage of plausible shape from an unknown writer,
+        // with a bogus serialized payload (a huge sequence length).
+        4 => {
+            let mut d = vec![0x15, 0x05, 0x28, 0x00, 0x00, 0x00, 0x10, 0x00];
+            d.extend(random(8)); // reader and writer ids
+            d.extend([0, 0, 0, 0, 1, 0, 0, 0]); // sequence number 1
+            d.extend([0x00, 0x01, 0x00, 0x00]); // CDR, little endian
+            d.extend([1, 0, 0, 0, 2, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
+            d.extend(random(4));
+            [header, d].concat()
+        }
+        // Random bytes after a valid header, and random bytes alone.
+        5 => [header, random(20 + (i as usize * 37) % 1000)].concat(),
+        _ => random(1 + (i as usize * 53) % 1400),
+    }
+}
+
+/// Send malformed datagrams to every UDP port of `pid` until `stop`
+/// (bounded: at most 40,000, about 2,000 a second); (sent, ports).
+fn send_malformed(pid: u32, stop: &std::sync::atomic::AtomicBool) -> (u64, usize) {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind a UDP socket");
+    let mut ports = Vec::new();
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    let mut sent = 0u64;
+    let mut i = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 40_000 {
+        if i.is_multiple_of(200) {
+            // The participant opens its ports as it starts: look again.
+            ports = udp_ports_of(pid);
+        }
+        let datagram = malformed_datagram(i, &mut rng);
+        for &port in &ports {
+            if socket.send_to(&datagram, ("127.0.0.1", port)).is_ok() {
+                sent += 1;
+            }
+        }
+        i += 1;
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    (sent, ports.len())
 }
 
 #[test]

@@ -915,3 +915,99 @@ impl DomainParticipant {
         })
     }
 }
+
+/// The RTPS/CDR decoding path of a bridged sample, fuzzed (bounded: a
+/// fixed number of cases per run, in the workspace tests): a DATA
+/// submessage's serialized payload (`SerializedPayload::from_bytes`, the
+/// 4-byte encapsulation header) and then the CDR decoding of the bridged
+/// type (`CDRDeserializerAdapter`, what rustdds runs for the bridge's
+/// reader). Arbitrary bytes, every truncation of a valid sample and a
+/// length prefix past the end must give an error, never a panic, an
+/// allocation of the announced length or a torn sample.
+#[cfg(test)]
+mod cdr_decoding_fuzz {
+    use proptest::prelude::*;
+    use rustdds::no_key::DeserializerAdapter;
+    use rustdds::{CDRDeserializerAdapter, RepresentationIdentifier, SerializedPayload};
+
+    use super::{KeyedSeq, OnWire};
+
+    type Adapter = CDRDeserializerAdapter<OnWire<KeyedSeq>>;
+
+    /// A valid DATA payload of `sample`: encapsulation header (CDR, little
+    /// endian) and the CDR bytes, as an RTPS writer sends it.
+    fn payload(sample: &KeyedSeq) -> Vec<u8> {
+        let mut bytes = vec![0x00, 0x01, 0x00, 0x00];
+        bytes.extend(rustdds::cdr_encoding::to_vec::<_, byteorder::LittleEndian>(sample).expect("encode"));
+        bytes
+    }
+
+    /// Decode like the bridge's reader: the payload's header, then the
+    /// sample, for an encoding the adapter supports (rustdds checks that
+    /// before it decodes).
+    fn decode(bytes: &[u8]) -> Option<KeyedSeq> {
+        let payload = SerializedPayload::from_bytes(&rustdds::bytes::Bytes::copy_from_slice(bytes)).ok()?;
+        let encoding = payload.representation_identifier;
+        if !Adapter::supported_encodings().contains(&encoding) {
+            return None;
+        }
+        Adapter::from_bytes(&payload.value, encoding).ok().map(|w| w.0)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn a_valid_sample_round_trips_and_every_truncation_is_refused(
+            seq in any::<u32>(),
+            keyval in any::<u32>(),
+            baggage in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            let sample = KeyedSeq { seq, keyval, baggage };
+            let bytes = payload(&sample);
+            prop_assert_eq!(decode(&bytes), Some(sample.clone()));
+            for cut in 0..bytes.len() {
+                // The CDR of KeyedSeq ends with the baggage's last octet
+                // (no padding after it): any shorter payload is torn.
+                prop_assert_eq!(decode(&bytes[..cut]), None, "a payload cut at {} of {} decoded", cut, bytes.len());
+            }
+        }
+
+        #[test]
+        fn a_length_past_the_end_is_refused_without_allocating_it(
+            seq in any::<u32>(),
+            keyval in any::<u32>(),
+            claimed in 1_000u32..=u32::MAX,
+            present in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let mut bytes = vec![0x00, 0x01, 0x00, 0x00];
+            bytes.extend(seq.to_le_bytes());
+            bytes.extend(keyval.to_le_bytes());
+            bytes.extend(claimed.to_le_bytes());
+            bytes.extend(&present);
+            prop_assert_eq!(decode(&bytes), None);
+        }
+    }
+
+    /// The big-endian encoding too (Cyclone on a big-endian host sends it).
+    #[test]
+    fn big_endian_samples_decode() {
+        let sample = KeyedSeq {
+            seq: 7,
+            keyval: 3,
+            baggage: vec![1, 2, 3],
+        };
+        let mut bytes = vec![0x00, 0x00, 0x00, 0x00];
+        bytes.extend(rustdds::cdr_encoding::to_vec::<_, byteorder::BigEndian>(&sample).expect("encode"));
+        assert_eq!(decode(&bytes), Some(sample));
+        assert_eq!(
+            RepresentationIdentifier::from_bytes(&[0x00, 0x00]).ok(),
+            Some(RepresentationIdentifier::CDR_BE)
+        );
+    }
+}
