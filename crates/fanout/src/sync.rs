@@ -6,10 +6,113 @@
 use std::time::Duration;
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// How a writer and a sleeper agree that a wake-up cannot be lost: the
+/// writer publishes a word and then reads the sleeping flag of whoever
+/// may wait on it; the sleeper sets its flag and then reads the word
+/// (store buffering: each side needs a full barrier between its store
+/// and its load, or both may miss the other).
+///
+/// With [`Fences::Membarrier`] the writer's barrier, on every multicast's
+/// critical path, is a compiler fence only, and the sleeper, which is
+/// about to sleep anyway, pays for both sides with `membarrier(2)`: a
+/// full barrier runs on every CPU running a thread of this process
+/// (threads) or of any process registered with it (processes), so every
+/// writer's store and load are ordered as if it had fenced itself (the
+/// asymmetric pair of liburcu and folly). Before this, each writer took
+/// the word by a locked swap, which costs two to three cache-line round
+/// trips on a line another core polls (bench/RESULTS-fanout.md).
+///
+/// [`Fences::Symmetric`]: a full fence on both sides, where
+/// `membarrier(2)` is not available (a seccomp filter, an old kernel).
+/// Under loom both are `fence(SeqCst)` on both sides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fences {
+    /// Light writers, heavy sleepers. `global`: the domain's members are
+    /// processes (`MEMBARRIER_CMD_GLOBAL_EXPEDITED`, every one of them
+    /// registered); else threads of this process (`PRIVATE_EXPEDITED`).
+    Membarrier { global: bool },
+    /// A full fence on both sides.
+    Symmetric,
+}
+
+/// `membarrier(2)` commands (linux/membarrier.h).
+#[cfg(not(loom))]
+mod membarrier_cmd {
+    pub const GLOBAL_EXPEDITED: libc::c_int = 1 << 1;
+    pub const REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
+    pub const PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+    pub const REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+}
+
+#[cfg(not(loom))]
+fn membarrier(cmd: libc::c_int) -> Result<(), std::io::Error> {
+    // SAFETY: membarrier(cmd, flags = 0, cpu_id = 0) reads and writes no
+    // user memory; an unknown or refused command fails with an errno.
+    let r = unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0 as libc::c_uint, 0 as libc::c_int) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+impl Fences {
+    /// The fences of a domain of threads: membarrier if this process can
+    /// register for it, else symmetric.
+    pub fn for_threads() -> Fences {
+        #[cfg(loom)]
+        return Fences::Membarrier { global: false };
+        #[cfg(not(loom))]
+        match membarrier(membarrier_cmd::REGISTER_PRIVATE_EXPEDITED) {
+            Ok(()) => Fences::Membarrier { global: false },
+            Err(_) => Fences::Symmetric,
+        }
+    }
+
+    /// The fences of a domain of processes: registers this process for
+    /// global expedited barriers (every process of the domain must be:
+    /// a barrier reaches registered processes only).
+    #[cfg(not(loom))]
+    pub fn for_processes() -> Result<Fences, std::io::Error> {
+        membarrier(membarrier_cmd::REGISTER_GLOBAL_EXPEDITED).map(|()| Fences::Membarrier { global: true })
+    }
+
+    /// The writer's side: between publishing a word and reading whether
+    /// its reader sleeps.
+    #[inline]
+    pub(crate) fn light(self) {
+        match self {
+            #[cfg(not(loom))]
+            Fences::Membarrier { .. } => std::sync::atomic::compiler_fence(Ordering::SeqCst),
+            _ => fence(Ordering::SeqCst),
+        }
+    }
+
+    /// The sleeper's side: between setting its sleeping flag and reading
+    /// the words it waits on. False: the barrier failed (it must not
+    /// sleep; it yields instead).
+    #[must_use]
+    pub(crate) fn heavy(self) -> bool {
+        match self {
+            #[cfg(not(loom))]
+            Fences::Membarrier { global } => membarrier(if global {
+                membarrier_cmd::GLOBAL_EXPEDITED
+            } else {
+                membarrier_cmd::PRIVATE_EXPEDITED
+            })
+            .is_ok(),
+            _ => {
+                fence(Ordering::SeqCst);
+                true
+            }
+        }
+    }
+}
 
 /// A 32-bit word a thread (of this or another process) sleeps on until
 /// a waker bumps it: `FUTEX_WAIT`/`FUTEX_WAKE` without

@@ -97,3 +97,55 @@ fn random_joins_leaves_and_multicasts_reach_exactly_the_snapshot() {
     run(Layout::TreeHelpSkip, Shape::Flat, 99);
     run(Layout::TreeHelp, Shape::Kary(3), 98);
 }
+
+/// Every wait sleeps (no spinning, no yielding, and a sleep bounded only
+/// by 60 s): the origin and the members wake each other once per
+/// multicast, in both fences (membarrier: a compiler fence at the
+/// writer, membarrier(2) at the sleeper; symmetric: a full fence on
+/// each side). A lost wake-up leaves a member or the origin asleep, and
+/// the multicast fails with a timeout naming who did not acknowledge.
+#[test]
+fn no_wake_up_is_lost_when_every_wait_sleeps() {
+    const MULTICASTS: u64 = 2_000;
+    const MEMBERS: usize = 3;
+    let wait = WaitConfig {
+        spins: 0,
+        yields: 0,
+        park_max: Duration::from_secs(60),
+    };
+    let fences = [spindle_fanout::Fences::for_threads(), spindle_fanout::Fences::Symmetric];
+    for fences in fences {
+        for layout in [Layout::TreeHelpSkip, Layout::Flat, Layout::Tree] {
+            let tree = Tree::build(Shape::Kary(2), MEMBERS).unwrap();
+            let domain = Domain::new_with_fences(tree, layout, wait, fences).unwrap();
+            assert_eq!(domain.state().fences(), fences);
+            let members: Vec<_> = (1..MEMBERS)
+                .map(|slot| {
+                    let domain = domain.clone();
+                    std::thread::spawn(move || {
+                        let mut port = domain.attach(slot, |_| {}).unwrap();
+                        port.join().unwrap();
+                        while port.delivered() < MULTICASTS {
+                            port.serve(TIMEOUT);
+                        }
+                        port.delivered()
+                    })
+                })
+                .collect();
+            let mut origin = domain.attach(0, |_| {}).unwrap();
+            origin.join().unwrap();
+            while domain.state().members() != (1 << MEMBERS) - 1 {
+                std::thread::yield_now();
+            }
+            for i in 0..MULTICASTS {
+                let done = origin
+                    .multicast(i, TIMEOUT)
+                    .unwrap_or_else(|e| panic!("{fences:?} {layout:?} multicast {i}: {e}"));
+                assert_eq!(done.targets, (1 << MEMBERS) - 2, "reached_exactly_the_group");
+            }
+            for member in members {
+                assert_eq!(member.join().unwrap(), MULTICASTS, "{fences:?} {layout:?}");
+            }
+        }
+    }
+}
