@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use spindle_fanout::model::{self, Params};
-use spindle_fanout::{Domain, Fences, Layout, Port, Shape, Tree};
+use spindle_fanout::{Domain, Layout, Port, Shape, Tree};
 
 use crate::report::Machine;
 
@@ -62,12 +62,6 @@ pub struct BenchArgs {
     /// thread rows of the same run).
     #[arg(long)]
     pub procs: bool,
-    /// How writers and sleepers order their wake-up (thread rows):
-    /// membarrier (a compiler fence at the writer, membarrier(2) at the
-    /// sleeper; symmetric where this process cannot register) or
-    /// symmetric (a full fence on each side).
-    #[arg(long, default_value = "membarrier")]
-    pub fences: String,
     #[arg(long)]
     pub json: Option<PathBuf>,
     #[arg(long)]
@@ -175,17 +169,6 @@ pub struct Probes {
     pub handoff_round_trip_ns: Option<f64>,
     #[serde(default)]
     pub two_member_back_to_back_over_handoff: Option<f64>,
-    /// The two hand-offs with membarrier fences: a plain store, a
-    /// compiler fence and a flag load each
-    /// ([`probe::plain_handoff_round_trip_ns`]), and the 2-member
-    /// tree_help_skip back-to-back time over it.
-    #[serde(default)]
-    pub plain_handoff_round_trip_ns: Option<f64>,
-    #[serde(default)]
-    pub two_member_back_to_back_over_plain_handoff: Option<f64>,
-    /// The fences of the thread rows (`membarrier` or `symmetric`).
-    #[serde(default)]
-    pub fences: Option<String>,
 }
 
 /// Model against a real run, one point.
@@ -351,15 +334,6 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
     if args.iterations == 0 {
         return Err("--iterations 0: at least one multicast per point".into());
     }
-    let fences = match args.fences.as_str() {
-        "membarrier" => Fences::for_threads(),
-        "symmetric" => Fences::Symmetric,
-        other => return Err(format!("--fences '{other}': expected membarrier or symmetric")),
-    };
-    let fences_name = match fences {
-        Fences::Membarrier { .. } => "membarrier",
-        Fences::Symmetric => "symmetric",
-    };
     let mut out = report("bench", false, &args.shape);
     println!(
         "fanout bench: {slots} slots ({} cpus: {}), shape {}, load {:.2}",
@@ -371,11 +345,9 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
         probe::cache_line_round_trip_ns(tree.cpu_of_slot(pair[0]) as usize, tree.cpu_of_slot(pair[1]) as usize);
     let handoff_ns =
         probe::handoff_round_trip_ns(tree.cpu_of_slot(pair[0]) as usize, tree.cpu_of_slot(pair[1]) as usize);
-    let plain_handoff_ns =
-        probe::plain_handoff_round_trip_ns(tree.cpu_of_slot(pair[0]) as usize, tree.cpu_of_slot(pair[1]) as usize);
     let (join_ns, leave_ns) = probe::join_leave_ns();
     let (wake_futex_ns, wake_unpark_ns) = (probe::wake_ns(), probe::unpark_wake_ns());
-    println!("  cache-line round trip {round_trip_ns:.0} ns; the two hand-offs of a multicast, two lines: plain stores (membarrier fences) {plain_handoff_ns:.0} ns, locked swaps {handoff_ns:.0} ns; join {join_ns:.1} ns, leave {leave_ns:.1} ns; wake: futex {wake_futex_ns:.0} ns, unpark {wake_unpark_ns:.0} ns; fences {fences_name}");
+    println!("  cache-line round trip {round_trip_ns:.0} ns; the two hand-offs of a multicast (a locked swap each, two lines) {handoff_ns:.0} ns; join {join_ns:.1} ns, leave {leave_ns:.1} ns; wake: futex {wake_futex_ns:.0} ns, unpark {wake_unpark_ns:.0} ns");
     let modes: &[&str] = if args.procs {
         &["threads", "processes"]
     } else {
@@ -385,7 +357,7 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
         for layout in Layout::ALL {
             for &members in &sizes {
                 let timed = if mode == "threads" {
-                    measure(&tree, layout, fences, members, args.warmup, args.iterations)?
+                    measure(&tree, layout, members, args.warmup, args.iterations)?
                 } else {
                     procs::measure(&tree, layout, members, args.warmup, args.iterations)?
                 };
@@ -435,9 +407,6 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
             two_member_back_to_back_over_round_trip: back_to_back.map(|b| b / round_trip_ns),
             handoff_round_trip_ns: Some(handoff_ns),
             two_member_back_to_back_over_handoff: back_to_back.map(|b| b / handoff_ns),
-            plain_handoff_round_trip_ns: Some(plain_handoff_ns),
-            two_member_back_to_back_over_plain_handoff: back_to_back.map(|b| b / plain_handoff_ns),
-            fences: Some(fences_name.into()),
             join_over_round_trip: join_ns / round_trip_ns,
             leave_over_round_trip: leave_ns / round_trip_ns,
             within_2x_round_trip: skip <= 2.0 * round_trip_ns
@@ -460,7 +429,7 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
             probes.two_member_back_to_back_over_round_trip,
             probes.two_member_back_to_back_over_handoff,
         ) {
-            println!("  2 members back to back (clock read once per batch, as the round trip): tree_help_skip {b:.2}x the round trip, {h:.2}x the two locked hand-offs, {:.2}x the two plain ones", probes.two_member_back_to_back_over_plain_handoff.unwrap_or(f64::NAN));
+            println!("  2 members back to back (clock read once per batch, as the round trip): tree_help_skip {b:.2}x the round trip, {h:.2}x the two hand-offs");
         }
         if let (Some(skip), Some(flat)) = (
             probes.procs_two_member_p50_over_round_trip,
@@ -477,8 +446,6 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
             wake_futex_ns: Some(wake_futex_ns),
             wake_unpark_ns: Some(wake_unpark_ns),
             handoff_round_trip_ns: Some(handoff_ns),
-            plain_handoff_round_trip_ns: Some(plain_handoff_ns),
-            fences: Some(fences_name.into()),
             ..Probes::default()
         });
     }
@@ -519,16 +486,8 @@ pub fn group_slots(slots: usize, members: usize) -> Vec<usize> {
 /// Multicast+ack latency of one layout and group size: one thread per
 /// member (and, for the broadcast, per non-member slot), pinned to its
 /// slot's CPU; the origin is slot 0.
-fn measure(
-    tree: &Tree,
-    layout: Layout,
-    fences: Fences,
-    members: usize,
-    warmup: u64,
-    iterations: u64,
-) -> Result<Timed, String> {
-    let domain =
-        Domain::new_with_fences(tree.clone(), layout, procs::bench_wait(), fences).map_err(|e| e.to_string())?;
+fn measure(tree: &Tree, layout: Layout, members: usize, warmup: u64, iterations: u64) -> Result<Timed, String> {
+    let domain = Domain::new(tree.clone(), layout, procs::bench_wait()).map_err(|e| e.to_string())?;
     let group = group_slots(tree.slots(), members);
     let serving: Vec<usize> = if layout.interrupts_non_members() {
         (1..tree.slots()).collect()

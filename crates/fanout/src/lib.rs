@@ -64,5 +64,5 @@ pub use error::FanoutError;
 pub use plan::Layout;
 pub use runtime::{Completion, Delivery, Domain, Port, WaitConfig};
 pub use state::State;
-pub use sync::{Fences, WakeWord};
+pub use sync::WakeWord;
 pub use topology::{Shape, SlotSet, Tree, SLOTS_MAX, SLOTS_MAX_LIVE};

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::plan::Layout;
 use crate::state::{Claim, Flight, State};
 
-use crate::sync::{spin_pass, yield_pass, AtomicBool, Fences, Ordering};
+use crate::sync::{spin_pass, yield_pass, AtomicBool, Ordering};
 use crate::topology::Tree;
 use crate::FanoutError;
 
@@ -102,18 +102,6 @@ impl Domain {
     /// A domain of threads of this process.
     pub fn new(tree: Tree, layout: Layout, wait: WaitConfig) -> Result<Arc<Domain>, FanoutError> {
         Ok(Domain::over(State::new(tree, layout)?, wait))
-    }
-
-    /// A domain of threads whose writers and sleepers use `fences` (the
-    /// bench compares them; [`Domain::new`] picks membarrier ones where
-    /// this process can register for them).
-    pub fn new_with_fences(
-        tree: Tree,
-        layout: Layout,
-        wait: WaitConfig,
-        fences: Fences,
-    ) -> Result<Arc<Domain>, FanoutError> {
-        Ok(Domain::over(State::new_with_fences(tree, layout, fences)?, wait))
     }
 
     fn over(state: State, wait: WaitConfig) -> Arc<Domain> {
@@ -375,11 +363,10 @@ impl Port {
 
     /// Spin, yield, then sleep, until `done` (which may do work) says so
     /// or the deadline passes. Before sleeping the port reads its slot's
-    /// wake word, then announces that it may sleep
-    /// ([`State::announce_sleep`]); it sleeps only if the words it waits on
-    /// (its mailbox, and for an origin the flight's completion) are still
-    /// unchanged ([`State::still_waiting`]), while the wake word is
-    /// unchanged, for at most `park_max`.
+    /// wake word, then arms the words it waits on (its mailbox, and for an
+    /// origin the flight's word: see [`State::arm_flight`]); it sleeps
+    /// only if all are still unchanged, while the wake word is unchanged,
+    /// for at most `park_max`.
     fn idle_until(
         &mut self,
         deadline: &mut Deadline,
@@ -411,16 +398,12 @@ impl Port {
             }
             let state = &self.domain.state;
             let word = state.wake_word(self.slot);
-            // Read before announcing: a wake after this changes it (WakeWord).
+            // Read before arming: a wake after this changes it (WakeWord).
             let seen = word.prepare();
-            if !state.announce_sleep(self.slot) {
-                yield_pass();
-                continue;
-            }
-            if state.still_waiting(self.slot, self.last_seen, flight) {
+            let armed = state.arm_mailbox(self.slot, self.last_seen) && flight.is_none_or(|f| state.arm_flight(f));
+            if armed {
                 word.wait(seen, wait.park_max.min(deadline - now));
             }
-            state.end_sleep(self.slot);
         }
     }
 }

@@ -14,8 +14,7 @@
 //!  mmap(MAP_SHARED)                         mmap(MAP_SHARED)
 //!  header: version, region_tag, layout,     magic (Acquire) == MAGIC, version,
 //!    shape, shape_k, slots, tree_hash,      region_tag, layout, shape, slots known;
-//!    creator_pid, fences; magic last        the tree rebuilt here hashes the same;
-//!    (Release)                              membarrier fences: register for them
+//!    creator_pid; magic last (Release)      the tree rebuilt here hashes the same
 //!  ...                                      ...
 //!  drop: munmap, unlink                     drop: munmap
 //! ```
@@ -27,7 +26,7 @@ use std::ptr::NonNull;
 
 use crate::plan::Layout;
 use crate::state::{fnv1a, Backing, Region, State, FNV_OFFSET, REGION_SLOTS, REGION_TAG};
-use crate::sync::{Fences, Ordering};
+use crate::sync::Ordering;
 use crate::topology::{Shape, Tree};
 use crate::FanoutError;
 
@@ -35,20 +34,8 @@ use crate::FanoutError;
 pub const SHM_DIR: &str = "/dev/shm";
 /// The first word of a mapped region: "SPFANOUT".
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SPFANOUT");
-/// The header's tag of [`Fences::Symmetric`].
-const FENCES_SYMMETRIC: u32 = 1;
-/// The header's tag of membarrier fences (global: between processes).
-const FENCES_MEMBARRIER: u32 = 2;
-
-fn fences_tag(fences: Fences) -> u32 {
-    match fences {
-        Fences::Symmetric => FENCES_SYMMETRIC,
-        Fences::Membarrier { .. } => FENCES_MEMBARRIER,
-    }
-}
-
 /// The region format's version.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 2;
 
 /// The file of domain `name`.
 pub fn path_of(name: &str) -> Result<PathBuf, FanoutError> {
@@ -195,9 +182,6 @@ pub(crate) fn create(name: &str, tree: Tree, layout: Layout) -> Result<State, Fa
         path,
         creator: true,
     };
-    // Membarrier fences if this process can register for them; every
-    // opener must then register too (`open`).
-    let fences = Fences::for_processes().unwrap_or(Fences::Symmetric);
     let region = mapping.region();
     let (shape, shape_k) = shape_tag(tree.shape());
     let hash = tree_hash(&tree);
@@ -205,9 +189,8 @@ pub(crate) fn create(name: &str, tree: Tree, layout: Layout) -> Result<State, Fa
     // SAFETY: `region` is the start of a fresh MAP_SHARED mapping of
     // size_of::<Region>() zeroed bytes (ftruncate), page-aligned; all-zero
     // is a valid region (atomics only); the mapping lives in `backing`.
-    let state = unsafe { State::over(tree, layout, fences, region, Backing::Mapped(mapping))? };
+    let state = unsafe { State::over(tree, layout, region, Backing::Mapped(mapping))? };
     let header = &state.r().header;
-    header.fences.store(fences_tag(fences), Ordering::Relaxed);
     header.version.store(VERSION, Ordering::Relaxed);
     header.region_tag.store(REGION_TAG, Ordering::Relaxed);
     header.layout.store(layout_tag(layout), Ordering::Relaxed);
@@ -298,17 +281,8 @@ pub(crate) fn open(name: &str) -> Result<State, FanoutError> {
             "its {shape:?} tree of {slots} slots differs from the one built here (another CPU topology?)"
         )));
     }
-    let fences = match header.fences.load(Ordering::Relaxed) {
-        FENCES_SYMMETRIC => Fences::Symmetric,
-        FENCES_MEMBARRIER => Fences::for_processes().map_err(|e| {
-            mismatch(format!(
-                "its members use membarrier(2) fences and this process cannot register for them ({e})"
-            ))
-        })?,
-        other => return Err(mismatch(format!("unknown fences tag {other}"))),
-    };
     // SAFETY: as above; the mapping lives in `backing` as long as the state.
-    unsafe { State::over(tree, layout, fences, region, Backing::Mapped(mapping)) }
+    unsafe { State::over(tree, layout, region, Backing::Mapped(mapping)) }
 }
 
 #[cfg(test)]

@@ -14,17 +14,14 @@
 //!  offset  line                fields (all little-endian atomics)
 //!  0x0000  header              magic u64 | version u32 | layout u32 | shape u32 | shape_k u32
 //!                              | slots u32 | creator_pid u32 | tree_hash u64 | region_tag u64
-//!                              | fences u32 (1 symmetric, 2 membarrier)
 //!  0x0040  membership          members u64 (bit s = slot s joined; bit 63 IN_FLIGHT)
 //!  0x0080  flight              last_seq u64 | snapshot_seq u64 | targets u64 | failed_seq u64
-//!  0x00c0  completion          done_seq u64
-//!  0x0100  waiter              waiter u32 (the slot waiting for the completion)
-//!  0x0140  mailbox[0..63]      seq u64 | payload u64 | targets u64 | ack_to u32
-//!  0x1100  acked[0..63]        acked_seq u64
-//!  0x20c0  gather[0..63]       pending u32 | ack_to u32
-//!  0x3080  slot[0..63]         pid u32 (the attached process; 0: free) | wake u32 (futex word)
-//!                              | sleeping u32 (1: the slot's port may be asleep)
-//!  0x4040  end (16,448 bytes; 63 = the live slots, one membership word)
+//!  0x00c0  completion          done_seq u64 (+SLEEPING) | waiter u32
+//!  0x0100  mailbox[0..63]      seq u64 (+SLEEPING) | payload u64 | targets u64 | ack_to u32
+//!  0x10c0  acked[0..63]        acked_seq u64 (+SLEEPING)
+//!  0x2080  gather[0..63]       pending u32 | ack_to u32
+//!  0x3040  slot[0..63]         pid u32 (the attached process; 0: free) | wake u32 (futex word)
+//!  0x4000  end (16,384 bytes; 63 = the live slots, one membership word)
 //! ```
 //!
 //! A slot's acknowledgement (`acked`) has a line of its own, apart from
@@ -39,20 +36,12 @@
 //! All-zero is the initial state (a fresh `ftruncate`d file is a valid
 //! empty domain once its header is written).
 //!
-//! Waking: a port about to sleep reads its slot's wake word, sets its
-//! slot's `sleeping` flag, runs the heavy half of the domain's
-//! [`Fences`], and sleeps only if the words it waits on still hold what
-//! it saw; a writer stores the word it publishes (a plain Release store),
-//! runs the light half, and reads the `sleeping` flag of the slot that
-//! may wait on that word: if set, it bumps that slot's wake word and
-//! wakes it (see [`WakeWord`] for the futex half). The two halves make a
-//! full barrier on each side, so either the writer sees the flag or the
-//! sleeper sees the new word (no lost wake-up; the loom models check
-//! it). With membarrier fences the writer's half is a compiler fence:
-//! the critical path of a multicast holds no locked instruction on a
-//! line another core polls. The flags and the waiter sit on lines that
-//! change only around a sleep or a change of origin, so a writer reads
-//! them from its own cache.
+//! Waking: a waiter sets [`SLEEPING`] (bit 63) in the very word it waits
+//! on, by a compare-exchange from the value it checked, and sleeps only
+//! if that succeeded; the writer replaces the word by a swap and, if the
+//! bit was set, bumps the waiter's slot's wake word and wakes it (see
+//! [`WakeWord`] for the futex half). One word, so coherence alone rules
+//! out a lost wake-up (no fences; the loom models check it).
 //!
 //! A gather node combines the acknowledgements of its subtree and, when
 //! its `pending` reaches 0, acknowledges to its own target `ack_to`:
@@ -64,7 +53,7 @@
 use std::ptr::NonNull;
 
 use crate::plan::{ack_count, child_action, visited_children, ChildAction, Layout};
-use crate::sync::{AtomicU32, AtomicU64, Fences, Ordering, WakeWord};
+use crate::sync::{AtomicU32, AtomicU64, Ordering, WakeWord};
 use crate::topology::{SlotSet, Tree};
 use crate::FanoutError;
 
@@ -72,6 +61,9 @@ use crate::FanoutError;
 pub const ACK_COMPLETE: u32 = u32::MAX;
 /// The acknowledgement target of a flat multicast: the target's own flag.
 pub const ACK_FLAG: u32 = u32::MAX - 1;
+/// Set in a mailbox's `seq`, the `done_seq` or an `acked_seq` word by a
+/// thread that parks until that word changes.
+pub const SLEEPING: u64 = 1 << 63;
 /// Set in the membership word while a multicast is in flight: claiming
 /// is a compare-exchange on the word that joins and leaves change, so the
 /// snapshot is exactly the value it replaced, and a leave's own read-
@@ -115,9 +107,6 @@ pub(crate) struct HeaderLine {
     pub(crate) tree_hash: AtomicU64,
     /// A fingerprint of this struct layout (sizes and offsets).
     pub(crate) region_tag: AtomicU64,
-    /// The domain's [`Fences`] (1 symmetric, 2 membarrier): every
-    /// process must use the creator's.
-    pub(crate) fences: AtomicU32,
 }
 
 #[repr(C, align(64))]
@@ -138,12 +127,6 @@ struct FlightLine {
 #[repr(C, align(64))]
 struct CompletionLine {
     done_seq: AtomicU64,
-}
-
-/// The slot that waits for the completion (the last origin): written
-/// only when the origin changes, read by every completer.
-#[repr(C, align(64))]
-struct WaiterLine {
     waiter: AtomicU32,
 }
 
@@ -174,9 +157,6 @@ struct SlotLine {
     /// is gone can be taken over ([`State::take_slot`]).
     pid: AtomicU32,
     wake: WakeWord,
-    /// 1 while the slot's port is (about to be) asleep: a writer of a
-    /// word it waits on wakes it. Written by the slot's port only.
-    sleeping: AtomicU32,
 }
 
 /// Everything a domain shares, in one `#[repr(C)]` block (the diagram in
@@ -187,7 +167,6 @@ pub struct Region {
     membership: MembershipLine,
     flight: FlightLine,
     completion: CompletionLine,
-    waiter: WaiterLine,
     mailboxes: [MailboxLine; REGION_SLOTS],
     acked: [AckedLine; REGION_SLOTS],
     gathers: [GatherLine; REGION_SLOTS],
@@ -201,7 +180,6 @@ const _: () = {
     assert!(size_of::<MembershipLine>() == 64);
     assert!(size_of::<FlightLine>() == 64);
     assert!(size_of::<CompletionLine>() == 64);
-    assert!(size_of::<WaiterLine>() == 64);
     assert!(size_of::<MailboxLine>() == 64);
     assert!(size_of::<AckedLine>() == 64);
     assert!(size_of::<GatherLine>() == 64);
@@ -210,19 +188,16 @@ const _: () = {
     assert!(offset_of!(HeaderLine, slots) == 24);
     assert!(offset_of!(HeaderLine, tree_hash) == 32);
     assert!(offset_of!(HeaderLine, region_tag) == 40);
-    assert!(offset_of!(HeaderLine, fences) == 48);
     assert!(offset_of!(MailboxLine, ack_to) == 24);
     assert!(offset_of!(SlotLine, wake) == 4);
-    assert!(offset_of!(SlotLine, sleeping) == 8);
     assert!(offset_of!(Region, membership) == 0x40);
     assert!(offset_of!(Region, flight) == 0x80);
     assert!(offset_of!(Region, completion) == 0xc0);
-    assert!(offset_of!(Region, waiter) == 0x100);
-    assert!(offset_of!(Region, mailboxes) == 0x140);
-    assert!(offset_of!(Region, acked) == 0x1100);
-    assert!(offset_of!(Region, gathers) == 0x20c0);
-    assert!(offset_of!(Region, slots) == 0x3080);
-    assert!(size_of::<Region>() == 0x4040);
+    assert!(offset_of!(Region, mailboxes) == 0x100);
+    assert!(offset_of!(Region, acked) == 0x10c0);
+    assert!(offset_of!(Region, gathers) == 0x2080);
+    assert!(offset_of!(Region, slots) == 0x3040);
+    assert!(size_of::<Region>() == 0x4000);
     assert!(std::mem::align_of::<Region>() == 64);
 };
 
@@ -240,9 +215,6 @@ pub(crate) const REGION_TAG: u64 = {
         offset_of!(Region, slots) as u64,
         offset_of!(MailboxLine, ack_to) as u64,
         offset_of!(SlotLine, wake) as u64,
-        offset_of!(Region, waiter) as u64,
-        offset_of!(SlotLine, sleeping) as u64,
-        offset_of!(HeaderLine, fences) as u64,
     ];
     let mut hash = FNV_OFFSET;
     let mut i = 0;
@@ -283,7 +255,6 @@ impl Region {
                 creator_pid: AtomicU32::new(0),
                 tree_hash: AtomicU64::new(0),
                 region_tag: AtomicU64::new(0),
-                fences: AtomicU32::new(0),
             },
             membership: MembershipLine {
                 members: AtomicU64::new(0),
@@ -296,8 +267,6 @@ impl Region {
             },
             completion: CompletionLine {
                 done_seq: AtomicU64::new(0),
-            },
-            waiter: WaiterLine {
                 waiter: AtomicU32::new(0),
             },
             mailboxes: std::array::from_fn(|_| MailboxLine {
@@ -316,7 +285,6 @@ impl Region {
             slots: std::array::from_fn(|_| SlotLine {
                 pid: AtomicU32::new(0),
                 wake: WakeWord::new(),
-                sleeping: AtomicU32::new(0),
             }),
         })
     }
@@ -353,7 +321,6 @@ pub(crate) enum Backing {
 pub struct State {
     tree: Tree,
     layout: Layout,
-    fences: Fences,
     region: NonNull<Region>,
     backing: Backing,
 }
@@ -376,22 +343,13 @@ impl Drop for State {
 }
 
 impl State {
-    /// A state on the heap (a domain of threads), with membarrier fences
-    /// where this process can use them ([`Fences::for_threads`]).
+    /// A state on the heap (a domain of threads).
     pub fn new(tree: Tree, layout: Layout) -> Result<State, FanoutError> {
-        State::new_with_fences(tree, layout, Fences::for_threads())
-    }
-
-    /// A state on the heap whose writers and sleepers use `fences`
-    /// (`Fences::Symmetric` works everywhere; membarrier ones only once
-    /// this process registered: [`Fences::for_threads`]).
-    pub fn new_with_fences(tree: Tree, layout: Layout, fences: Fences) -> Result<State, FanoutError> {
         check_live_slots(tree.slots())?;
         let region = NonNull::from(Box::leak(Region::boxed()));
         Ok(State {
             tree,
             layout,
-            fences,
             region,
             backing: Backing::Heap,
         })
@@ -407,7 +365,6 @@ impl State {
     pub(crate) unsafe fn over(
         tree: Tree,
         layout: Layout,
-        fences: Fences,
         region: NonNull<Region>,
         backing: Backing,
     ) -> Result<State, FanoutError> {
@@ -415,7 +372,6 @@ impl State {
         Ok(State {
             tree,
             layout,
-            fences,
             region,
             backing,
         })
@@ -469,11 +425,7 @@ impl State {
             }
             // AcqRel: as above, and publishes this owner to the next.
             match owner.compare_exchange(held, pid, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    // A process that died asleep left its flag set.
-                    self.r().slots[slot].sleeping.store(0, Ordering::Relaxed);
-                    return Ok(());
-                }
+                Ok(_) => return Ok(()),
                 Err(now) => held = now,
             }
         }
@@ -497,9 +449,6 @@ impl State {
     }
     pub fn layout(&self) -> Layout {
         self.layout
-    }
-    pub fn fences(&self) -> Fences {
-        self.fences
     }
     pub fn slots(&self) -> usize {
         self.tree.slots()
@@ -614,13 +563,15 @@ impl State {
             }
         }
         let seq = self.r().flight.last_seq.load(Ordering::Relaxed) + 1;
+        assert!(seq < SLEEPING, "seq_leaves_the_sleeping_bit_free");
         let targets = members & !bit;
-        // Relaxed: read by a completer after it took this multicast's
-        // message (the send's Release store, Acquire in `receive`; for a
-        // helped or combined acknowledgement through the gather's AcqRel).
-        // Written only when the origin changes: a line every completer
-        // reads stays in their caches.
-        let waiter = &self.r().waiter.waiter;
+        // Relaxed: read by a completer after its swap of a word this
+        // origin armed (compare-exchange, Release) before it parked.
+        // Written only when the origin changes: the completion line is
+        // the one the last multicast's completer wrote, and a store here
+        // would take it back before the send (one line transfer more on
+        // the critical path of an origin that multicasts in a row).
+        let waiter = &self.r().completion.waiter;
         if waiter.load(Ordering::Relaxed) != origin as u32 {
             waiter.store(origin as u32, Ordering::Relaxed);
         }
@@ -676,27 +627,19 @@ impl State {
         mailbox.payload.store(message.payload, Ordering::Relaxed);
         mailbox.targets.store(message.targets, Ordering::Relaxed);
         mailbox.ack_to.store(message.ack_to, Ordering::Relaxed);
+        // Release: partner of the Acquire load in `receive` (the fields
+        // above, and every counter this scatter set, are visible to it).
+        // A swap: it returns the receiver's SLEEPING bit if it parked
+        // (partner of the compare-exchange in `arm_mailbox`).
+        let before = mailbox.seq.swap(message.seq, Ordering::AcqRel);
         debug_assert!(
-            mailbox.seq.load(Ordering::Relaxed) < message.seq,
+            before & !SLEEPING < message.seq,
             "one_message_per_seq: slot {slot} had {} got {:?} layout {:?}",
-            mailbox.seq.load(Ordering::Relaxed),
+            before & !SLEEPING,
             message,
             self.layout
         );
-        // Release: partner of the Acquire load in `receive` (the fields
-        // above, and every counter this scatter set, are visible to it).
-        mailbox.seq.store(message.seq, Ordering::Release);
-        self.wake_if_asleep(slot);
-    }
-
-    /// After publishing a word `slot` may wait on: the light half of the
-    /// fences, then wake `slot` if its flag says it may sleep (partner:
-    /// the heavy half in [`State::announce_sleep`]).
-    #[inline]
-    fn wake_if_asleep(&self, slot: usize) {
-        self.fences.light();
-        // Relaxed: ordered after the caller's store by the fence pair.
-        if self.r().slots[slot].sleeping.load(Ordering::Relaxed) != 0 {
+        if before & SLEEPING != 0 {
             self.wake_slot(slot);
         }
     }
@@ -760,7 +703,7 @@ impl State {
     pub fn receive(&self, slot: usize, last_seen: u64) -> Option<Message> {
         let mailbox = &self.r().mailboxes[slot];
         // Acquire: partner of the Release store in `send`.
-        let seq = mailbox.seq.load(Ordering::Acquire);
+        let seq = mailbox.seq.load(Ordering::Acquire) & !SLEEPING;
         if seq == last_seen {
             return None;
         }
@@ -776,7 +719,7 @@ impl State {
     /// The last multicast `slot` acknowledged.
     pub fn acked_seq(&self, slot: usize) -> u64 {
         // Acquire: partner of the Release store in `acknowledge`.
-        self.r().acked[slot].acked_seq.load(Ordering::Acquire)
+        self.r().acked[slot].acked_seq.load(Ordering::Acquire) & !SLEEPING
     }
 
     /// Whether `slot` is to handle (deliver) `message`, or only forward it.
@@ -790,9 +733,11 @@ impl State {
         let acked = &self.r().acked[slot].acked_seq;
         if mine == ACK_FLAG {
             // Release: partner of the Acquire loads in `flat_acked` and
-            // `unacknowledged`.
-            acked.store(seq, Ordering::Release);
-            self.wake_waiter();
+            // `unacknowledged`; a swap returns the origin's SLEEPING bit
+            // (partner of the compare-exchange in `arm_flight`).
+            if acked.swap(seq, Ordering::AcqRel) & SLEEPING != 0 {
+                self.wake_waiter();
+            }
         } else {
             // Release: partner of the Acquire load in `unacknowledged`.
             acked.store(seq, Ordering::Release);
@@ -823,57 +768,37 @@ impl State {
     }
 
     fn complete(&self, seq: u64) {
-        // Release: partner of the Acquire load in `is_done`.
-        self.r().completion.done_seq.store(seq, Ordering::Release);
-        self.wake_waiter();
+        // Release: partner of the Acquire load in `is_done`; a swap
+        // returns the origin's SLEEPING bit (partner: `arm_flight`).
+        if self.r().completion.done_seq.swap(seq, Ordering::AcqRel) & SLEEPING != 0 {
+            self.wake_waiter();
+        }
     }
 
-    /// Wake the origin waiting for the completion if it may sleep.
-    #[inline]
     fn wake_waiter(&self) {
-        // Relaxed: see `claim` (written before the message this
-        // completer took).
-        self.wake_if_asleep(self.r().waiter.waiter.load(Ordering::Relaxed) as usize);
+        // Relaxed: ordered by the swap that saw SLEEPING (Acquire) after
+        // the origin's arming compare-exchange (Release).
+        self.wake_slot(self.r().completion.waiter.load(Ordering::Relaxed) as usize);
     }
 
-    /// Before `slot`'s port sleeps (after it read its wake word): set its
-    /// `sleeping` flag, then the heavy half of the fences (partner: the
-    /// light half in every writer's `wake_if_asleep`). After this, a
-    /// check of the words it waits on that finds them unchanged means
-    /// every later writer sees the flag and wakes it. False: the barrier
-    /// failed; the flag is cleared and the port must not sleep.
-    pub fn announce_sleep(&self, slot: usize) -> bool {
-        let sleeping = &self.r().slots[slot].sleeping;
-        // Relaxed: ordered before the checks that follow by the barrier.
-        sleeping.store(1, Ordering::Relaxed);
-        if self.fences.heavy() {
-            return true;
+    /// Before `slot`'s thread parks: set SLEEPING in its mailbox word if
+    /// that still holds `last_seen`. False: a message came; do not park.
+    pub fn arm_mailbox(&self, slot: usize, last_seen: u64) -> bool {
+        arm(&self.r().mailboxes[slot].seq, |v| v == last_seen)
+    }
+
+    /// Before the origin of `flight` parks: set SLEEPING in the word whose
+    /// change it waits for (the completion; for a flat multicast, the flag
+    /// of the first target that has not acknowledged). False: that word
+    /// changed (or nothing is left to wait for); do not park.
+    pub fn arm_flight(&self, flight: &Flight) -> bool {
+        if self.layout != Layout::Flat {
+            return arm(&self.r().completion.done_seq, |v| v != flight.seq);
         }
-        sleeping.store(0, Ordering::Relaxed);
-        false
-    }
-
-    /// After the sleep (or after deciding not to): writers stop waking.
-    pub fn end_sleep(&self, slot: usize) {
-        self.r().slots[slot].sleeping.store(0, Ordering::Relaxed);
-    }
-
-    /// Whether `slot`'s port, which has seen message `last_seen` and is
-    /// the origin of `flight` (if any), still has nothing to do: no new
-    /// message, and the flight not complete (for a flat multicast: some
-    /// target has not acknowledged).
-    pub fn still_waiting(&self, slot: usize, last_seen: u64, flight: Option<&Flight>) -> bool {
-        // Acquire: partner of the Release store in `send`.
-        if self.r().mailboxes[slot].seq.load(Ordering::Acquire) != last_seen {
-            return false;
-        }
-        match flight {
-            None => true,
-            Some(f) if self.layout == Layout::Flat => {
-                let mut cursor = 0;
-                !self.flat_acked(f, &mut cursor)
-            }
-            Some(f) => !self.is_done(f.seq),
+        let first = (0..self.slots()).find(|&s| flight.targets & (1 << s) != 0 && self.acked_seq(s) != flight.seq);
+        match first {
+            Some(s) => arm(&self.r().acked[s].acked_seq, |v| v != flight.seq),
+            None => false,
         }
     }
 
@@ -881,7 +806,7 @@ impl State {
     #[inline]
     pub fn is_done(&self, seq: u64) -> bool {
         // Acquire: partner of the Release store in `complete`.
-        self.r().completion.done_seq.load(Ordering::Acquire) == seq
+        self.r().completion.done_seq.load(Ordering::Acquire) & !SLEEPING == seq
     }
 
     /// A flat multicast: whether every target from `*cursor` on (in slot
@@ -932,6 +857,19 @@ impl State {
         // Release: partner of the Acquire loads in `failed_seq`.
         self.r().flight.failed_seq.store(flight.seq, Ordering::Release);
     }
+}
+
+/// Set SLEEPING in `word` if its value (without the bit) still `waits`.
+fn arm(word: &AtomicU64, waits: impl Fn(u64) -> bool) -> bool {
+    // Acquire: the value checked is the one the waiter acts on.
+    let seen = word.load(Ordering::Acquire);
+    if !waits(seen & !SLEEPING) {
+        return false;
+    }
+    // Release: partner of the writer's swap (AcqRel), which sees the bit
+    // and wakes; a failed exchange means the word changed: re-check.
+    word.compare_exchange(seen, seen | SLEEPING, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
 }
 
 fn check_live_slots(slots: usize) -> Result<(), FanoutError> {

@@ -129,11 +129,10 @@ fn exchanges_pinned(
     median(samples[10..].to_vec())
 }
 
-/// The two hand-offs of a 2-member multicast between CPUs `a` and `b` as
-/// it did them before membarrier fences (and does with symmetric ones,
-/// at a similar cost): a locked swap each, on a line of its own (the
-/// mailbox there, the completion back), and nothing else (no claim, no
-/// scatter, no finish). Median of batches.
+/// The hardware floor of a 2-member multicast between CPUs `a` and `b`:
+/// its two hand-offs alone, each a locked swap on a line of its own (the
+/// mailbox there, the completion back), as the multicast does them, and
+/// nothing else (no claim, no scatter, no finish). Median of batches.
 pub fn handoff_round_trip_ns(a: usize, b: usize) -> f64 {
     std::thread::spawn(move || handoff_pinned(a, b))
         .join()
@@ -152,39 +151,6 @@ fn handoff_pinned(a: usize, b: usize) -> f64 {
         |lines, i| {
             spin_until(&lines.0, i + 1);
             lines.1 .0.swap(i + 1, Ordering::AcqRel);
-        },
-    )
-}
-
-/// The two hand-offs as the multicast does them with membarrier fences
-/// ([`spindle_fanout::Fences`]): a plain Release store on a line of its
-/// own, a compiler fence, and a load of the reader's sleeping flag (a
-/// line nobody writes: it stays in both caches), each way. The floor of
-/// a 2-member multicast whose writers hold no locked instruction.
-pub fn plain_handoff_round_trip_ns(a: usize, b: usize) -> f64 {
-    std::thread::spawn(move || plain_handoff_pinned(a, b))
-        .join()
-        .expect("the hand-off thread")
-}
-
-fn plain_handoff_pinned(a: usize, b: usize) -> f64 {
-    let flags = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
-    let answer_flags = flags.clone();
-    // Exchange i writes i + 1 (0 is the lines' initial value).
-    exchanges_pinned(
-        a,
-        b,
-        move |lines, i| {
-            lines.0 .0.store(i + 1, Ordering::Release);
-            std::sync::atomic::compiler_fence(Ordering::SeqCst);
-            black_box(flags.1 .0.load(Ordering::Relaxed));
-            spin_until(&lines.1, i + 1);
-        },
-        move |lines, i| {
-            spin_until(&lines.0, i + 1);
-            lines.1 .0.store(i + 1, Ordering::Release);
-            std::sync::atomic::compiler_fence(Ordering::SeqCst);
-            black_box(answer_flags.0 .0.load(Ordering::Relaxed));
         },
     )
 }
@@ -230,17 +196,14 @@ pub fn calibrate() -> Params {
             .collect(),
     );
     let lines: Vec<Line> = (0..64).map(|_| Line(AtomicU64::new(0))).collect();
-    // A send: three field stores, the seq word's Release store, the
-    // writer's compiler fence and the load of the reader's sleeping flag.
+    // A send: three field stores and the swap of the seq word.
     let send_ns = per_item_ns(64 * 16, || {
         for _ in 0..16 {
             for (i, l) in lines.iter().enumerate() {
                 l.0.store(i as u64, Ordering::Relaxed);
                 l.0.store(i as u64, Ordering::Relaxed);
                 l.0.store(i as u64, Ordering::Relaxed);
-                l.0.store(i as u64, Ordering::Release);
-                std::sync::atomic::compiler_fence(Ordering::SeqCst);
-                black_box(lines[63 - i].0.load(Ordering::Relaxed));
+                black_box(l.0.swap(i as u64, Ordering::AcqRel));
             }
         }
     });
