@@ -12,6 +12,7 @@
 //!   and without skipping, and (with `--validate`) the model against a
 //!   real run where they overlap.
 
+pub mod clock;
 pub mod plot;
 pub mod probe;
 pub mod procs;
@@ -169,6 +170,13 @@ pub struct Probes {
     pub handoff_round_trip_ns: Option<f64>,
     #[serde(default)]
     pub two_member_back_to_back_over_handoff: Option<f64>,
+    /// The clock read around every timed multicast (`tsc` or `instant`,
+    /// [`clock::SampleClock`]) and what two reads in a row cost (the
+    /// clock's share of each sample), in ns.
+    #[serde(default)]
+    pub sample_clock: Option<String>,
+    #[serde(default)]
+    pub sample_clock_read_pair_ns: Option<f64>,
 }
 
 /// Model against a real run, one point.
@@ -346,8 +354,10 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
     let handoff_ns =
         probe::handoff_round_trip_ns(tree.cpu_of_slot(pair[0]) as usize, tree.cpu_of_slot(pair[1]) as usize);
     let (join_ns, leave_ns) = probe::join_leave_ns();
+    let sample_clock = clock::SampleClock::new();
+    let clock_pair_ns = sample_clock.read_pair_ns();
     let (wake_futex_ns, wake_unpark_ns) = (probe::wake_ns(), probe::unpark_wake_ns());
-    println!("  cache-line round trip {round_trip_ns:.0} ns; the two hand-offs of a multicast (a locked swap each, two lines) {handoff_ns:.0} ns; join {join_ns:.1} ns, leave {leave_ns:.1} ns; wake: futex {wake_futex_ns:.0} ns, unpark {wake_unpark_ns:.0} ns");
+    println!("  cache-line round trip {round_trip_ns:.0} ns; the two hand-offs of a multicast (a locked swap each, two lines) {handoff_ns:.0} ns; join {join_ns:.1} ns, leave {leave_ns:.1} ns; wake: futex {wake_futex_ns:.0} ns, unpark {wake_unpark_ns:.0} ns; samples read the {} clock ({clock_pair_ns:.1} ns a pair of reads)", sample_clock.name());
     let modes: &[&str] = if args.procs {
         &["threads", "processes"]
     } else {
@@ -407,6 +417,8 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
             two_member_back_to_back_over_round_trip: back_to_back.map(|b| b / round_trip_ns),
             handoff_round_trip_ns: Some(handoff_ns),
             two_member_back_to_back_over_handoff: back_to_back.map(|b| b / handoff_ns),
+            sample_clock: Some(sample_clock.name().into()),
+            sample_clock_read_pair_ns: Some(clock_pair_ns),
             join_over_round_trip: join_ns / round_trip_ns,
             leave_over_round_trip: leave_ns / round_trip_ns,
             within_2x_round_trip: skip <= 2.0 * round_trip_ns
@@ -446,6 +458,8 @@ pub fn bench(args: BenchArgs) -> Result<(), String> {
             wake_futex_ns: Some(wake_futex_ns),
             wake_unpark_ns: Some(wake_unpark_ns),
             handoff_round_trip_ns: Some(handoff_ns),
+            sample_clock: Some(sample_clock.name().into()),
+            sample_clock_read_pair_ns: Some(clock_pair_ns),
             ..Probes::default()
         });
     }
@@ -552,7 +566,8 @@ pub const BACK_TO_BACK_BATCHES: u64 = 21;
 
 /// What the origin measured at one point.
 pub struct Timed {
-    /// One sample per multicast (two clock reads around each).
+    /// One sample per multicast (two reads of the [`clock::SampleClock`]
+    /// around each).
     pub histogram: hdrhistogram::Histogram<u64>,
     /// The median time per multicast over batches of multicasts in a row.
     pub back_to_back_ns: f64,
@@ -582,15 +597,23 @@ pub(crate) fn time_multicasts(
         }
         std::thread::yield_now();
     }
-    let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    let clock = clock::SampleClock::new();
+    let mut ticks = Vec::with_capacity(iterations as usize);
+    let (clock_start, instant_start) = (clock.now(), Instant::now());
     for i in 0..warmup + iterations {
-        let t0 = Instant::now();
+        let t0 = clock.now();
         let done = origin.multicast(i, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-        let ns = t0.elapsed().as_nanos() as u64;
+        let t1 = clock.now();
         assert_eq!(done.targets, expected & !1, "reached_exactly_the_group");
         if i >= warmup {
-            h.record(ns.max(1)).map_err(|e| e.to_string())?;
+            ticks.push(t1 - t0);
         }
+    }
+    let ns_per_tick = clock.ns_per_tick(clock.now() - clock_start, instant_start.elapsed().as_nanos() as f64);
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    for t in ticks {
+        h.record(((t as f64 * ns_per_tick).round() as u64).max(1))
+            .map_err(|e| e.to_string())?;
     }
     let mut payload = warmup + iterations;
     let mut batches = Vec::with_capacity(BACK_TO_BACK_BATCHES as usize);

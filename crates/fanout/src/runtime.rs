@@ -311,11 +311,7 @@ impl Port {
         let mut cursor = 0usize;
         let done = self.idle_until(&mut deadline, Some(&flight), |port| {
             port.poll();
-            let state = &port.domain.state;
-            match state.layout() {
-                Layout::Flat => state.flat_acked(&flight, &mut cursor),
-                _ => state.is_done(flight.seq),
-            }
+            port.domain.state.flight_done(&flight, &mut cursor)
         });
         let domain = &self.domain;
         if done {

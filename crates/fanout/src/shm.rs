@@ -35,7 +35,7 @@ pub const SHM_DIR: &str = "/dev/shm";
 /// The first word of a mapped region: "SPFANOUT".
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SPFANOUT");
 /// The region format's version.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// The file of domain `name`.
 pub fn path_of(name: &str) -> Result<PathBuf, FanoutError> {

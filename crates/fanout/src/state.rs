@@ -18,20 +18,30 @@
 //!  0x0080  flight              last_seq u64 | snapshot_seq u64 | targets u64 | failed_seq u64
 //!  0x00c0  completion          done_seq u64 (+SLEEPING) | waiter u32
 //!  0x0100  mailbox[0..63]      seq u64 (+SLEEPING) | payload u64 | targets u64 | ack_to u32
+//!                              | (4 bytes) | flag_seq u64 (+SLEEPING)
 //!  0x10c0  acked[0..63]        acked_seq u64 (+SLEEPING)
 //!  0x2080  gather[0..63]       pending u32 | ack_to u32
 //!  0x3040  slot[0..63]         pid u32 (the attached process; 0: free) | wake u32 (futex word)
 //!  0x4000  end (16,384 bytes; 63 = the live slots, one membership word)
 //! ```
 //!
-//! A slot's acknowledgement (`acked`) has a line of its own, apart from
-//! its mailbox: the mailbox line is written by the sender and read by
-//! the slot, the acked line written by the slot alone (and read by the
-//! origin of a flat multicast, which waits on it, and after a timeout).
-//! Sharing one line made every acknowledgement take the mailbox line
-//! back from the sender before the completion could be written (a
-//! locked swap drains the store buffer), one line transfer more on the
-//! critical path of every multicast.
+//! Where a slot acknowledges depends on who waits for it:
+//!
+//! - **Its flag, in its mailbox line** (`flag_seq`), when the origin waits
+//!   for the slot itself: every target of a flat multicast (Linux's
+//!   `smp_call_function_many` keeps its lock flag in the same `csd` as
+//!   the call), and the single target of a `tree_help_skip` multicast
+//!   (skipping and helping reach it by a direct send). The exchange is
+//!   then one line going there and back, the pattern of a cache-line
+//!   round trip; two lines (the mailbox there, another line back) cost
+//!   about twice that on a 16-core Intel machine, whether written by
+//!   locked swaps or by plain stores (bench/results/fanout-16core-fences.json).
+//! - **Its `acked` line and a gather node** otherwise: a target inside a
+//!   tree multicast records `acked_seq` on a line of its own (read only
+//!   after a timeout, and by a port attaching to the slot) and
+//!   acknowledges up the tree; a store to its mailbox line there would
+//!   take that line back from the sender before the gather's locked
+//!   operation could run (the swap drains the store buffer).
 //!
 //! All-zero is the initial state (a fresh `ftruncate`d file is a valid
 //! empty domain once its header is written).
@@ -136,6 +146,9 @@ struct MailboxLine {
     payload: AtomicU64,
     targets: AtomicU64,
     ack_to: AtomicU32,
+    /// The last multicast the slot acknowledged to its origin directly
+    /// (`ACK_FLAG`), written by the slot, polled by the origin.
+    flag_seq: AtomicU64,
 }
 
 /// The last multicast a slot acknowledged (written by that slot only).
@@ -189,6 +202,7 @@ const _: () = {
     assert!(offset_of!(HeaderLine, tree_hash) == 32);
     assert!(offset_of!(HeaderLine, region_tag) == 40);
     assert!(offset_of!(MailboxLine, ack_to) == 24);
+    assert!(offset_of!(MailboxLine, flag_seq) == 32);
     assert!(offset_of!(SlotLine, wake) == 4);
     assert!(offset_of!(Region, membership) == 0x40);
     assert!(offset_of!(Region, flight) == 0x80);
@@ -214,6 +228,7 @@ pub(crate) const REGION_TAG: u64 = {
         offset_of!(Region, gathers) as u64,
         offset_of!(Region, slots) as u64,
         offset_of!(MailboxLine, ack_to) as u64,
+        offset_of!(MailboxLine, flag_seq) as u64,
         offset_of!(SlotLine, wake) as u64,
     ];
     let mut hash = FNV_OFFSET;
@@ -274,6 +289,7 @@ impl Region {
                 payload: AtomicU64::new(0),
                 targets: AtomicU64::new(0),
                 ack_to: AtomicU32::new(0),
+                flag_seq: AtomicU64::new(0),
             }),
             acked: std::array::from_fn(|_| AckedLine {
                 acked_seq: AtomicU64::new(0),
@@ -296,6 +312,10 @@ pub struct Flight {
     pub seq: u64,
     pub origin: usize,
     pub targets: u64,
+    /// Every target acknowledges in its own flag (flat, or a skipping
+    /// multicast with one target): the origin polls the flags, not the
+    /// completion.
+    pub flags: bool,
 }
 
 /// Why a multicast could not be claimed.
@@ -578,7 +598,17 @@ impl State {
         self.r().flight.targets.store(targets, Ordering::Relaxed);
         // Release: partner of the Acquire load in `snapshot_holds`.
         self.r().flight.snapshot_seq.store(seq, Ordering::Release);
-        Ok(Flight { seq, origin, targets })
+        let flags = match self.layout {
+            Layout::Flat => true,
+            Layout::TreeHelpSkip => targets.count_ones() == 1,
+            Layout::Tree | Layout::TreeHelp => false,
+        };
+        Ok(Flight {
+            seq,
+            origin,
+            targets,
+            flags,
+        })
     }
 
     /// Start a claimed multicast: the origin does the root's scatter (a
@@ -609,6 +639,19 @@ impl State {
                 self.acknowledge(0, flight.seq, mine);
             }
             Layout::Tree => self.send(0, message),
+            // One target: skipping and helping reach it by a direct send
+            // (every node between is a helped non-member with one
+            // contribution), and it acknowledges in its flag.
+            Layout::TreeHelpSkip if flight.flags => {
+                let target = flight.targets.trailing_zeros() as usize;
+                self.send(
+                    target,
+                    Message {
+                        ack_to: ACK_FLAG,
+                        ..message
+                    },
+                );
+            }
             Layout::TreeHelp | Layout::TreeHelpSkip => {
                 if flight.targets == 0 {
                     self.complete(flight.seq);
@@ -648,6 +691,16 @@ impl State {
     /// on receipt, or by a helper on its behalf). Returns where `slot`'s
     /// own acknowledgement goes (if it acknowledges itself).
     pub fn scatter(&self, slot: usize, message: Message) -> u32 {
+        if self.layout == Layout::TreeHelpSkip && message.targets == 1 << slot {
+            // The only target: nothing below to visit, one contribution
+            // (its own), which goes straight to the node's target.
+            debug_assert_eq!(
+                ack_count(&self.tree, self.layout, slot, &SlotSet::from_word(message.targets)),
+                1,
+                "a lone target's scatter is its own acknowledgement"
+            );
+            return message.ack_to;
+        }
         let set = SlotSet::from_word(message.targets);
         let count = ack_count(&self.tree, self.layout, slot, &set);
         let mine = match count {
@@ -716,10 +769,19 @@ impl State {
         })
     }
 
-    /// The last multicast `slot` acknowledged.
+    /// The last multicast `slot` acknowledged (in its acked line or its
+    /// flag, whichever is later).
     pub fn acked_seq(&self, slot: usize) -> u64 {
         // Acquire: partner of the Release store in `acknowledge`.
-        self.r().acked[slot].acked_seq.load(Ordering::Acquire) & !SLEEPING
+        let acked = self.r().acked[slot].acked_seq.load(Ordering::Acquire) & !SLEEPING;
+        acked.max(self.flag_seq(slot))
+    }
+
+    /// The last multicast `slot` acknowledged in its flag.
+    #[inline]
+    pub fn flag_seq(&self, slot: usize) -> u64 {
+        // Acquire: partner of the swap (Release) in `acknowledge`.
+        self.r().mailboxes[slot].flag_seq.load(Ordering::Acquire) & !SLEEPING
     }
 
     /// Whether `slot` is to handle (deliver) `message`, or only forward it.
@@ -730,15 +792,16 @@ impl State {
     /// What the receiver does after its scatter (and handler, if it is a
     /// target): acknowledge its own contribution to `mine`.
     pub fn acknowledge(&self, slot: usize, seq: u64, mine: u32) {
-        let acked = &self.r().acked[slot].acked_seq;
         if mine == ACK_FLAG {
-            // Release: partner of the Acquire loads in `flat_acked` and
-            // `unacknowledged`; a swap returns the origin's SLEEPING bit
-            // (partner of the compare-exchange in `arm_flight`).
-            if acked.swap(seq, Ordering::AcqRel) & SLEEPING != 0 {
+            // Release: partner of the Acquire loads in `flag_seq`; a swap
+            // returns the origin's SLEEPING bit (partner of the
+            // compare-exchange in `arm_flight`).
+            let flag = &self.r().mailboxes[slot].flag_seq;
+            if flag.swap(seq, Ordering::AcqRel) & SLEEPING != 0 {
                 self.wake_waiter();
             }
         } else {
+            let acked = &self.r().acked[slot].acked_seq;
             // Release: partner of the Acquire load in `unacknowledged`.
             acked.store(seq, Ordering::Release);
             self.ack(mine, seq);
@@ -788,17 +851,29 @@ impl State {
     }
 
     /// Before the origin of `flight` parks: set SLEEPING in the word whose
-    /// change it waits for (the completion; for a flat multicast, the flag
-    /// of the first target that has not acknowledged). False: that word
-    /// changed (or nothing is left to wait for); do not park.
+    /// change it waits for (the completion; where the targets acknowledge
+    /// in their flags, the flag of the first that has not). False: that
+    /// word changed (or nothing is left to wait for); do not park.
     pub fn arm_flight(&self, flight: &Flight) -> bool {
-        if self.layout != Layout::Flat {
+        if !flight.flags {
             return arm(&self.r().completion.done_seq, |v| v != flight.seq);
         }
-        let first = (0..self.slots()).find(|&s| flight.targets & (1 << s) != 0 && self.acked_seq(s) != flight.seq);
+        let first = SlotSet::from_word(flight.targets)
+            .iter()
+            .find(|&s| self.flag_seq(s) != flight.seq);
         match first {
-            Some(s) => arm(&self.r().acked[s].acked_seq, |v| v != flight.seq),
+            Some(s) => arm(&self.r().mailboxes[s].flag_seq, |v| v != flight.seq),
             None => false,
+        }
+    }
+
+    /// Whether `flight` completed: every target's flag, or the completion.
+    #[inline]
+    pub fn flight_done(&self, flight: &Flight, cursor: &mut usize) -> bool {
+        if flight.flags {
+            self.flags_acked(flight, cursor)
+        } else {
+            self.is_done(flight.seq)
         }
     }
 
@@ -809,16 +884,14 @@ impl State {
         self.r().completion.done_seq.load(Ordering::Acquire) & !SLEEPING == seq
     }
 
-    /// A flat multicast: whether every target from `*cursor` on (in slot
-    /// order) acknowledged `seq`; the cursor moves past those that did.
+    /// A multicast acknowledged in flags: whether every target from
+    /// `*cursor` on (in slot order) acknowledged `seq` in its flag; the
+    /// cursor moves past those that did.
     #[inline]
-    pub fn flat_acked(&self, flight: &Flight, cursor: &mut usize) -> bool {
+    pub fn flags_acked(&self, flight: &Flight, cursor: &mut usize) -> bool {
         while *cursor < self.slots() {
-            if flight.targets & (1 << *cursor) != 0 {
-                // Acquire: partner of the Release store in `acknowledge`.
-                if self.acked_seq(*cursor) != flight.seq {
-                    return false;
-                }
+            if flight.targets & (1 << *cursor) != 0 && self.flag_seq(*cursor) != flight.seq {
+                return false;
             }
             *cursor += 1;
         }

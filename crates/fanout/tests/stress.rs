@@ -126,7 +126,11 @@ fn no_wake_up_is_lost_when_every_wait_sleeps() {
                             port.join().unwrap();
                         }
                         // A broadcast interrupts the non-member too.
-                        let expected = if member || layout == Layout::Tree { MULTICASTS } else { 0 };
+                        let expected = if member || layout == Layout::Tree {
+                            MULTICASTS
+                        } else {
+                            0
+                        };
                         let mut handled = 0;
                         while handled < expected {
                             handled += u64::from(port.serve(TIMEOUT));
