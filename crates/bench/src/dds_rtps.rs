@@ -108,9 +108,15 @@ pub struct PubArgs {
     /// Key values to cycle through (ddsperf `-n`).
     #[arg(long, default_value_t = 1)]
     pub keys: u32,
-    /// RTPS readers to wait for before writing (with `--rtps`).
+    /// RTPS readers to wait for before writing (with `--rtps`; 0: write
+    /// at once, for readers that join later: see `--linger-s`).
     #[arg(long, default_value_t = 1)]
     pub readers: u64,
+    /// After the last write (and its acknowledgements), keep the writer
+    /// and its bridge up this many seconds: a late-joining reader of a
+    /// `--transient-local` topic gets the history meanwhile (0..=3600).
+    #[arg(long, default_value_t = 0.0)]
+    pub linger_s: f64,
     /// Write the result as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -384,6 +390,9 @@ pub fn publish(args: PubArgs) -> Result<(), String> {
     if args.keys == 0 {
         return Err("--keys must be at least 1".into());
     }
+    if !(0.0..=3600.0).contains(&args.linger_s) {
+        return Err(format!("--linger-s {}: expected 0..=3600 seconds", args.linger_s));
+    }
     let max_sample_bytes = args.size + SLOT_OVERHEAD_BYTES;
     let p = participant(c, max_sample_bytes)?;
     let topic = p.create_topic::<KeyedSeq>(&c.topic).map_err(|e| e.to_string())?;
@@ -443,6 +452,20 @@ pub fn publish(args: PubArgs) -> Result<(), String> {
         None => true,
     };
     let seconds = started.elapsed().as_secs_f64();
+    if args.linger_s > 0.0 {
+        println!(
+            "spindle dds pub: {written} samples written; serving late readers for {} s",
+            args.linger_s
+        );
+        // Bounded: the bridge thread serves readers that match meanwhile.
+        let until = Instant::now() + Duration::from_secs_f64(args.linger_s);
+        while Instant::now() < until {
+            if let Some(why) = bridge.as_ref().and_then(|b| b.failure()) {
+                return Err(why);
+            }
+            std::thread::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())));
+        }
+    }
     let result = PubResult {
         samples: written,
         size: args.size,

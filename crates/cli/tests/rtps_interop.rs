@@ -2,7 +2,8 @@
 //! `cyclonedds-tools`, installed by `.ci/run`), on loopback only: Spindle
 //! with `--loopback-only`, Cyclone with `CYCLONEDDS_URI` =
 //! `spindle dds sub --print-cyclone-uri`. Each test has its own RTPS
-//! domain id, so the tests may run at once.
+//! domain id, so the tests may run at once. The late-joiner test's reader
+//! is Python's `cyclonedds` (PyPI, installed by `.ci/run`).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -318,6 +319,103 @@ fn spindle_publishes_16_byte_samples_and_cyclone_gets_every_one() {
     spindle_to_cyclone(62, 16, 5000);
 }
 
+/// 64 KB samples (RTPS fragments them: DATA_FRAG, reassembled by the
+/// reader), 10,000 of them each way, paced.
+#[test]
+fn cyclone_publishes_64_kib_samples_and_spindle_takes_them_in_order() {
+    cyclone_to_spindle(64, 65_536, 500);
+}
+
+#[test]
+fn spindle_publishes_64_kib_samples_and_cyclone_gets_every_one() {
+    spindle_to_cyclone(65, 65_536, 500);
+}
+
+/// The Python interpreter with Cyclone DDS's binding (PyPI `cyclonedds`,
+/// installed by `.ci/run`): `$SPINDLE_CYCLONEDDS_PYTHON`, else `python3`.
+fn cyclonedds_python() -> String {
+    let python = std::env::var("SPINDLE_CYCLONEDDS_PYTHON").unwrap_or_else(|_| "python3".into());
+    let found = Command::new(&python)
+        .args(["-c", "import cyclonedds.domain"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{python} cannot import cyclonedds: `python3 -m pip install cyclonedds==11.0.1` (.ci/run does), or set SPINDLE_CYCLONEDDS_PYTHON"
+    );
+    python
+}
+
+/// A Spindle writer (transient-local, keep-all) writes 1,000 samples over
+/// 4 keys with no reader anywhere, then lingers; a Cyclone reader that
+/// joins only after that (Python `cyclonedds`, transient-local) gets the
+/// whole history, in order per key, with the right sizes. (Without
+/// `--transient-local` on the writer the same reader gets nothing.)
+#[test]
+fn a_late_joining_transient_local_cyclone_reader_gets_the_history() {
+    use std::io::BufRead;
+    let python = cyclonedds_python();
+    let domain = "66";
+    let publisher = Reaped(
+        Command::new(SPINDLE)
+            .args(["dds", "pub", "--rtps", "--loopback-only", "--domain", domain])
+            .args(["--transient-local", "--readers", "0", "--count", "1000", "--keys", "4"])
+            .args(["--size", "64", "--linger-s", "60"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn spindle dds pub"),
+    );
+    let mut publisher = publisher;
+    let stdout = publisher.0.stdout.take().expect("piped stdout");
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // Bounded: the writes are done when the publisher says it lingers.
+    let started = Instant::now();
+    loop {
+        let left = PROCESS_WAIT.saturating_sub(started.elapsed());
+        let line = lines
+            .recv_timeout(left)
+            .expect("spindle dds pub did not report its writes in time");
+        if line.contains("serving late readers") {
+            assert!(line.contains("1000 samples written"), "{line}");
+            break;
+        }
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/cyclone_late_reader.py");
+    let reader = Reaped(
+        Command::new(&python)
+            .env("CYCLONEDDS_URI", cyclone_uri())
+            .args([script, domain, "1000", "40"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the python cyclonedds reader"),
+    );
+    let out = finish(reader, "the late cyclonedds reader");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the late reader failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(
+        result["samples"], 1000,
+        "the whole history reached the late reader: {result}"
+    );
+    assert_eq!(result["keys"], 4, "{result}");
+    assert_eq!(result["in_order"], true, "every key's seq from 0 up by one: {result}");
+    assert_eq!(result["sizes"], serde_json::json!([64]), "the right bytes: {result}");
+}
+
 #[test]
 fn a_topic_bridged_twice_and_a_participant_without_rtps_give_clear_errors() {
     use spindle::dds::rtps::{KeyedSeq, RtpsConfig};
@@ -363,11 +461,23 @@ fn a_topic_bridged_twice_and_a_participant_without_rtps_give_clear_errors() {
 }
 
 #[test]
-fn a_size_below_the_fixed_part_is_refused() {
+fn a_size_below_the_fixed_part_and_a_linger_out_of_range_are_refused() {
     let out = Command::new(SPINDLE)
         .args(["dds", "pub", "--rtps", "--size", "4"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--size 4 must be in 12"));
+    for linger in ["-1", "3601", "NaN"] {
+        let out = Command::new(SPINDLE)
+            .args(["dds", "pub", "--rtps", &format!("--linger-s={linger}")])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--linger-s") && err.contains("0..=3600"),
+            "{linger}: {err}"
+        );
+    }
 }
