@@ -25,7 +25,10 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
-use spindle::dds::{DdsError, DomainParticipant, Keyed, NapaConfig, NapaTrace, ReaderQos, ResourceLimits, WriterQos};
+use spindle::dds::rtps::{BridgeDirection, RtpsBridge, RtpsConfig};
+use spindle::dds::{
+    DdsError, DomainParticipant, Keyed, NapaConfig, NapaTrace, ReaderQos, ResourceLimits, Topic, WriterQos,
+};
 use spindle::{IdleStrategy, TcpTransport, Transport};
 
 use crate::report::{Machine, Percentiles};
@@ -150,6 +153,18 @@ pub struct PerfArgs {
     /// namespace's address).
     #[arg(long, value_delimiter = ',')]
     pub netns: Vec<String>,
+    /// Run every participant with its RTPS gateway (loopback only, RTPS
+    /// domain `--domain`, 0..=232): the fast path between Spindle
+    /// participants, measured with the gateway present.
+    #[arg(long, default_value_t = false)]
+    #[serde(default)]
+    pub rtps: bool,
+    /// With `--rtps`: also bridge each topic to RTPS in the participant
+    /// that writes it (the bridge's reader is one reader more in the
+    /// group, and the writer waits for it as for any reliable reader).
+    #[arg(long, default_value_t = false, requires = "rtps")]
+    #[serde(default)]
+    pub rtps_bridge: bool,
     /// (internal) where a role writes its part of the result.
     #[arg(long, hide = true)]
     pub part_file: Option<PathBuf>,
@@ -240,6 +255,12 @@ pub struct PerfResult {
     pub writes_blocked: u64,
     /// NAPA's window occupancy and gap over time.
     pub trace: Vec<TracePoint>,
+    /// The participants ran their RTPS gateway (`--rtps`), and each topic
+    /// was bridged out (`--rtps-bridge`).
+    #[serde(default)]
+    pub rtps: bool,
+    #[serde(default)]
+    pub rtps_bridge: bool,
     /// Where it ran.
     pub machine: Machine,
 }
@@ -296,6 +317,12 @@ fn pair(args: &PerfArgs) -> Result<(), String> {
     ];
     if args.best_effort {
         common.push("--best-effort".into());
+    }
+    if args.rtps {
+        common.push("--rtps".into());
+    }
+    if args.rtps_bridge {
+        common.push("--rtps-bridge".into());
     }
     if !args.netns.is_empty()
         && (args.netns.len() != 2 || args.transport != PerfTransport::Tcp || args.peers.len() != 2)
@@ -387,6 +414,8 @@ fn pair(args: &PerfArgs) -> Result<(), String> {
         received: measured.received,
         writes_blocked: writer.writes_blocked,
         trace: writer.trace.clone(),
+        rtps: args.rtps,
+        rtps_bridge: args.rtps_bridge,
         machine: Machine::detect(),
     };
     println!(
@@ -434,6 +463,15 @@ fn participant(args: &PerfArgs, rank: usize) -> Result<DomainParticipant, DdsErr
         .max_sample_bytes(args.size + SAMPLE_OVERHEAD_BYTES_MAX)
         .join_timeout(Duration::from_secs(30))
         .idle(IdleStrategy::parse(&args.idle).map_err(|e| DdsError::Config(format!("--idle: {e}")))?);
+    if args.rtps {
+        let domain = u16::try_from(args.domain).ok().filter(|d| *d <= 232).ok_or_else(|| {
+            DdsError::Config(format!(
+                "--rtps: --domain {} is not an RTPS domain id (0..=232)",
+                args.domain
+            ))
+        })?;
+        builder = builder.rtps(RtpsConfig::new(domain).loopback_only(true));
+    }
     if args.transport == PerfTransport::Tcp {
         let key_file = args
             .key_file
@@ -449,6 +487,28 @@ fn participant(args: &PerfArgs, rank: usize) -> Result<DomainParticipant, DdsErr
         builder = builder.transport(Transport::Tcp(TcpTransport::new(args.peers.clone(), key)));
     }
     builder.join()
+}
+
+/// With `--rtps-bridge`: bridge `topic` out to RTPS (its writer's
+/// participant does), and count the bridge's reader among the writer's
+/// readers.
+/// Returns the bridge (kept for the role's life) and the readers to wait
+/// for.
+fn bridge_out(
+    p: &DomainParticipant,
+    topic: &Topic<PerfSample>,
+    args: &PerfArgs,
+) -> Result<(Option<RtpsBridge<PerfSample>>, usize), DdsError> {
+    if !args.rtps_bridge {
+        return Ok((None, 1));
+    }
+    let bridge = p.bridge_rtps_one_way(
+        topic,
+        writer_qos(args),
+        reader_qos(args, p.window_slots()),
+        BridgeDirection::ToRtps,
+    )?;
+    Ok((Some(bridge), 2))
 }
 
 fn writer_qos(args: &PerfArgs) -> WriterQos {
@@ -506,8 +566,9 @@ fn run_role(role: Role, args: &PerfArgs) -> Result<Part, DdsError> {
     match role {
         Role::Pub => {
             let topic = p.create_topic::<PerfSample>("perf/data")?;
+            let (_bridge, readers) = bridge_out(&p, &topic, args)?;
             let writer = p.create_writer_with_napa(&topic, writer_qos(args), napa(args))?;
-            writer.wait_for_readers(1, MATCH_WAIT)?;
+            writer.wait_for_readers(readers, MATCH_WAIT)?;
             let mut sample = filler(args.size);
             let started = Instant::now();
             let mut next_trace = Duration::ZERO;
@@ -583,9 +644,10 @@ fn run_role(role: Role, args: &PerfArgs) -> Result<Part, DdsError> {
         Role::Ping => {
             let ping = p.create_topic::<PerfSample>("perf/ping")?;
             let pong = p.create_topic::<PerfSample>("perf/pong")?;
+            let (_bridge, readers) = bridge_out(&p, &ping, args)?;
             let writer = p.create_writer_with_napa(&ping, writer_qos(args), napa(args))?;
             let reader = p.create_reader(&pong, reader_qos(args, p.window_slots()))?;
-            writer.wait_for_readers(1, MATCH_WAIT)?;
+            writer.wait_for_readers(readers, MATCH_WAIT)?;
             reader.wait_for_writers(1, MATCH_WAIT)?;
             let mut h = histogram();
             let mut sample = filler(args.size);
@@ -624,6 +686,7 @@ fn run_role(role: Role, args: &PerfArgs) -> Result<Part, DdsError> {
             let ping = p.create_topic::<PerfSample>("perf/ping")?;
             let pong = p.create_topic::<PerfSample>("perf/pong")?;
             let reader = p.create_reader(&ping, reader_qos(args, p.window_slots()))?;
+            let (_bridge, _readers) = bridge_out(&p, &pong, args)?;
             let writer = p.create_writer_with_napa(&pong, writer_qos(args), napa(args))?;
             reader.wait_for_writers(1, MATCH_WAIT)?;
             let deadline = Instant::now() + run_for + Duration::from_secs(40);

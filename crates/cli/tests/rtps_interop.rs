@@ -416,6 +416,58 @@ fn a_late_joining_transient_local_cyclone_reader_gets_the_history() {
     assert_eq!(result["sizes"], serde_json::json!([64]), "the right bytes: {result}");
 }
 
+/// `spindle dds perf pair` between two Spindle participants with their
+/// RTPS gateways up, with and without the topic bridged out: every sample
+/// written is received (the bridge's reader is one reader more, and the
+/// writer waits for it); bad combinations are refused by name.
+#[test]
+fn dds_perf_runs_with_the_gateway_present_and_with_the_topic_bridged() {
+    for (domain, bridge) in [("67", false), ("68", true)] {
+        let (_dir, json) = json_file("perf.json");
+        let mut command = Command::new(SPINDLE);
+        command
+            .args(["dds", "perf", "pair", "--size", "64", "--seconds", "1", "--rtps"])
+            .args(["--domain", domain, "--json"])
+            .arg(&json);
+        if bridge {
+            command.arg("--rtps-bridge");
+        }
+        let out = finish(
+            Reaped(command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()),
+            "spindle dds perf pair --rtps",
+        );
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let result: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(result["rtps"], true);
+        assert_eq!(result["rtps_bridge"], bridge);
+        let written = result["written"].as_u64().unwrap();
+        assert!(written > 0, "{result}");
+        assert_eq!(
+            result["received"].as_u64().unwrap(),
+            written,
+            "every sample once: {result}"
+        );
+    }
+    let out = Command::new(SPINDLE)
+        .args(["dds", "perf", "pair", "--rtps-bridge"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--rtps"));
+    let out = Command::new(SPINDLE)
+        .args(["dds", "perf", "pair", "--rtps", "--domain", "300", "--seconds", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("0..=232"), "{text}");
+}
+
 #[test]
 fn a_topic_bridged_twice_and_a_participant_without_rtps_give_clear_errors() {
     use spindle::dds::rtps::{KeyedSeq, RtpsConfig};
