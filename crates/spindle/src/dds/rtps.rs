@@ -263,11 +263,18 @@ mod serde_bytes_compat {
     }
 }
 
-/// A participant's RTPS side: its settings, and the rustdds participant
-/// (made at the first bridge).
+/// A participant's RTPS side: its settings, and two rustdds participants
+/// (each made at the first bridge that needs it): one for the bridges'
+/// RTPS writers (group → RTPS), one for their RTPS readers (RTPS →
+/// group). In one rustdds participant a two-way bridge's reader was
+/// matched with its own writer and never acknowledged it: the writer
+/// stalled once its history filled (8,192 samples). Apart, the reader
+/// acknowledges like any other, and skips its twin writer's samples by
+/// GUID prefix.
 pub(crate) struct RtpsSlot {
     config: Option<RtpsConfig>,
     participant: Mutex<Option<rustdds::DomainParticipant>>,
+    participant_in: Mutex<Option<rustdds::DomainParticipant>>,
     bridged: Arc<Mutex<HashSet<String>>>,
 }
 
@@ -276,18 +283,29 @@ impl RtpsSlot {
         RtpsSlot {
             config,
             participant: Mutex::new(None),
+            participant_in: Mutex::new(None),
             bridged: Arc::new(Mutex::new(HashSet::new())),
         }
     }
 
+    /// The rustdds participant of the bridges' RTPS writers.
     fn participant(&self) -> Result<rustdds::DomainParticipant, DdsError> {
+        self.made(&self.participant)
+    }
+
+    /// The rustdds participant of the bridges' RTPS readers.
+    fn participant_in(&self) -> Result<rustdds::DomainParticipant, DdsError> {
+        self.made(&self.participant_in)
+    }
+
+    fn made(&self, slot: &Mutex<Option<rustdds::DomainParticipant>>) -> Result<rustdds::DomainParticipant, DdsError> {
         let config = self.config.as_ref().ok_or_else(|| {
             DdsError::Config(
                 "bridge_rtps needs a participant built with ParticipantBuilder::rtps(RtpsConfig::new(domain_id))"
                     .into(),
             )
         })?;
-        let mut slot = self.participant.lock().expect("rtps participant lock");
+        let mut slot = slot.lock().expect("rtps participant lock");
         if let Some(p) = slot.as_ref() {
             return Ok(p.clone());
         }
@@ -573,7 +591,11 @@ struct BridgeWorker<T: RtpsType> {
     topic: String,
     me: usize,
     /// This participant's RTPS GUID (its writers share its prefix).
-    own_guid: rustdds::GUID,
+    /// The GUIDs of this participant's rustdds participants (the bridge's
+    /// writer's and reader's): endpoints with their prefix are the
+    /// bridge's own (not counted as matches; their samples not bridged
+    /// back).
+    own_participants: [Option<rustdds::GUID>; 2],
     /// Group → RTPS: the Spindle reader and the RTPS writer.
     outbound: Option<(super::DataReader<T>, rustdds::with_key::DataWriterCdr<OnWire<T>>)>,
     /// RTPS → group: the RTPS reader and the injector.
@@ -634,14 +656,15 @@ impl<T: RtpsType> BridgeWorker<T> {
     /// queued since the last look). Only other participants' endpoints
     /// count: this participant's own reader and writer match each other.
     fn refresh_matches(&mut self) {
-        let own = self.own_guid.prefix;
+        let own = self.own_participants;
+        let is_own = |guid: rustdds::GUID| own.iter().flatten().any(|p| p.prefix == guid.prefix);
         for _ in 0..STATUS_EVENTS_MAX {
             let Some((_, rtps_writer)) = &self.outbound else { break };
             let Some(status) = rtps_writer.try_recv_status() else {
                 break;
             };
             if let rustdds::DataWriterStatus::PublicationMatched { current, reader, .. } = status {
-                if reader.prefix != own {
+                if !is_own(reader) {
                     note_match(&mut self.remote_readers, reader, current.count_change());
                 }
             }
@@ -652,7 +675,7 @@ impl<T: RtpsType> BridgeWorker<T> {
                 break;
             };
             if let rustdds::DataReaderStatus::SubscriptionMatched { current, writer, .. } = status {
-                if writer.prefix != own {
+                if !is_own(writer) {
                     note_match(&mut self.remote_writers, writer, current.count_change());
                 }
             }
@@ -772,7 +795,13 @@ impl<T: RtpsType> BridgeWorker<T> {
         };
         for sample in samples {
             taken += 1;
-            if sample.sample_info().writer_guid().prefix == self.own_guid.prefix {
+            let writer = sample.sample_info().writer_guid();
+            if self
+                .own_participants
+                .iter()
+                .flatten()
+                .any(|p| p.prefix == writer.prefix)
+            {
                 self.shared.own_skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -815,46 +844,61 @@ impl DomainParticipant {
         reader_qos: ReaderQos,
         direction: BridgeDirection,
     ) -> Result<RtpsBridge<T>, DdsError> {
-        let rtps = self.rtps.participant()?;
+        let rtps_out = if direction.carries_out() {
+            Some(self.rtps.participant()?)
+        } else {
+            None
+        };
+        let rtps_in = if direction.carries_in() {
+            Some(self.rtps.participant_in()?)
+        } else {
+            None
+        };
         let name = topic.name().to_string();
         if !self.rtps.bridged.lock().expect("bridged lock").insert(name.clone()) {
             return Err(DdsError::Config(format!(
                 "topic {name:?} is bridged to RTPS already (one bridge per topic)"
             )));
         }
-        let made = self.make_bridge(&rtps, topic, writer_qos, reader_qos, direction);
+        let made = self.make_bridge(rtps_out.as_ref(), rtps_in.as_ref(), topic, writer_qos, reader_qos);
         if made.is_err() {
             self.rtps.bridged.lock().expect("bridged lock").remove(&name);
         }
         made
     }
 
+    /// The bridge's endpoints: its RTPS writer in `rtps_out` (if it
+    /// carries samples out), its RTPS reader in `rtps_in` (if it carries
+    /// them in), and the group side of each.
     fn make_bridge<T: RtpsType>(
         &self,
-        rtps: &rustdds::DomainParticipant,
+        rtps_out: Option<&rustdds::DomainParticipant>,
+        rtps_in: Option<&rustdds::DomainParticipant>,
         topic: &Topic<T>,
         writer_qos: WriterQos,
         reader_qos: ReaderQos,
-        direction: BridgeDirection,
     ) -> Result<RtpsBridge<T>, DdsError> {
         let name = topic.name().to_string();
         let rtps_error =
             |what: &str, e: &dyn std::fmt::Debug| DdsError::Config(format!("RTPS {what} for topic {name:?}: {e:?}"));
         let w_qos = rtps_writer_qos(&writer_qos);
         let r_qos = rtps_reader_qos(&reader_qos);
-        let rtps_topic = rtps
-            .create_topic(name.clone(), T::type_name().to_string(), &w_qos, TopicKind::WithKey)
-            .map_err(|e| rtps_error("topic", &e))?;
-        let outbound = if direction.carries_out() {
+        let rtps_topic = |rtps: &rustdds::DomainParticipant| {
+            rtps.create_topic(name.clone(), T::type_name().to_string(), &w_qos, TopicKind::WithKey)
+                .map_err(|e| rtps_error("topic", &e))
+        };
+        let outbound = if let Some(rtps) = rtps_out {
+            let rtps_topic = rtps_topic(rtps)?;
             let publisher = rtps.create_publisher(&w_qos).map_err(|e| rtps_error("publisher", &e))?;
             let rtps_writer = publisher
-                .create_datawriter_cdr::<OnWire<T>>(&rtps_topic, Some(w_qos))
+                .create_datawriter_cdr::<OnWire<T>>(&rtps_topic, Some(w_qos.clone()))
                 .map_err(|e| rtps_error("writer", &e))?;
             Some((self.create_reader(topic, reader_qos.clone())?, rtps_writer))
         } else {
             None
         };
-        let inbound = if direction.carries_in() {
+        let inbound = if let Some(rtps) = rtps_in {
+            let rtps_topic = rtps_topic(rtps)?;
             let subscriber = rtps
                 .create_subscriber(&r_qos)
                 .map_err(|e| rtps_error("subscriber", &e))?;
@@ -872,7 +916,7 @@ impl DomainParticipant {
         } else {
             None
         };
-        let own_guid = rtps.guid();
+        let own_participants = [rtps_out.map(|p| p.guid()), rtps_in.map(|p| p.guid())];
         let me = self.rank();
         let shared = Arc::new(BridgeShared {
             stop: AtomicBool::new(false),
@@ -891,7 +935,7 @@ impl DomainParticipant {
             shared: shared.clone(),
             topic: name.clone(),
             me,
-            own_guid,
+            own_participants,
             outbound,
             inbound,
             remote_readers: HashSet::new(),
@@ -1008,6 +1052,139 @@ mod cdr_decoding_fuzz {
         assert_eq!(
             RepresentationIdentifier::from_bytes(&[0x00, 0x00]).ok(),
             Some(RepresentationIdentifier::CDR_BE)
+        );
+    }
+}
+
+/// A bridge in both directions on a loopback-only participant, with an
+/// RTPS reader in another rustdds participant: 10,000 samples written in
+/// the group reach the RTPS reader, every one, and the bridge's RTPS
+/// writer is acknowledged (before, its own participant's RTPS reader was
+/// matched with it and never acknowledged, and the writer stalled at
+/// 8,192 samples); the group's reader gets each sample once (nothing
+/// comes back in from RTPS).
+#[cfg(test)]
+mod two_way {
+    use std::time::{Duration, Instant};
+
+    use rustdds::policy;
+    use rustdds::with_key::Sample;
+
+    use super::{BridgeDirection, KeyedSeq, OnWire, RtpsConfig};
+    use crate::dds::{DomainParticipant, ReaderQos, ResourceLimits, WriterQos};
+
+    const SAMPLES: u32 = 10_000;
+    const RTPS_DOMAIN: u16 = 77;
+
+    #[test]
+    fn a_two_way_bridge_delivers_past_its_history_without_stalling_or_looping() {
+        let p = DomainParticipant::builder(0x4100_0000 | std::process::id())
+            .participants(1)
+            .max_sample_bytes(256)
+            .rtps(RtpsConfig::new(RTPS_DOMAIN).loopback_only(true))
+            .join()
+            .expect("participant");
+        let topic = p.create_topic::<KeyedSeq>("two-way").expect("topic");
+        let limits = ResourceLimits {
+            max_samples: 1 << 16,
+            max_instances: 16,
+            max_samples_per_instance: 1 << 16,
+        };
+        let wqos = WriterQos::default()
+            .keep_all()
+            .reliable(Duration::from_secs(10))
+            .max_sample_bytes(256);
+        let rqos = ReaderQos::default()
+            .keep_all()
+            .reliable(Duration::from_secs(10))
+            .resource_limits(limits);
+        let bridge = p
+            .bridge_rtps_one_way(&topic, wqos.clone(), rqos.clone(), BridgeDirection::Both)
+            .expect("a two-way bridge");
+        let group_reader = p.create_reader(&topic, rqos).expect("group reader");
+
+        // The RTPS side: another participant (as Cyclone would be).
+        let outside = rustdds::DomainParticipantBuilder::new(RTPS_DOMAIN)
+            .same_host_loopback(true)
+            .with_only_networks([std::net::Ipv4Addr::LOCALHOST])
+            .build()
+            .expect("rustdds participant");
+        let qos = rustdds::QosPolicyBuilder::new()
+            .reliability(policy::Reliability::Reliable {
+                max_blocking_time: rustdds::Duration::from_secs(10),
+            })
+            .history(policy::History::KeepAll)
+            .resource_limits(policy::ResourceLimits {
+                max_samples: 1 << 16,
+                max_instances: 16,
+                max_samples_per_instance: 1 << 16,
+            })
+            .build();
+        let rtps_topic = outside
+            .create_topic("two-way".into(), "KeyedSeq".into(), &qos, rustdds::TopicKind::WithKey)
+            .expect("rtps topic");
+        let mut rtps_reader = outside
+            .create_subscriber(&qos)
+            .expect("subscriber")
+            .create_datareader_cdr::<OnWire<KeyedSeq>>(&rtps_topic, Some(qos))
+            .expect("rtps reader");
+        bridge
+            .wait_for_rtps_readers(1, Duration::from_secs(30))
+            .expect("the outside reader matched");
+
+        let writer = p.create_writer(&topic, wqos).expect("group writer");
+        writer.wait_for_readers(2, Duration::from_secs(10)).expect("readers");
+        for seq in 0..SAMPLES {
+            writer
+                .write(&KeyedSeq {
+                    seq: seq / 4,
+                    keyval: seq % 4,
+                    baggage: vec![7; 16],
+                })
+                .expect("write");
+        }
+        let acked = bridge
+            .flush(u64::from(SAMPLES), Duration::from_secs(60))
+            .expect("flush");
+        assert!(acked, "every RTPS reader acknowledged: {:?}", bridge.counts());
+
+        // rustdds's reader cache hands samples over by instance, not in
+        // arrival order: check that every (key, seq) came, once.
+        let mut seen = std::collections::HashSet::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while seen.len() < SAMPLES as usize && Instant::now() < deadline {
+            match rtps_reader.take_next_sample() {
+                Ok(Some(s)) => {
+                    if let Sample::Value(OnWire(v)) = s.into_value() {
+                        assert!(seen.insert((v.keyval, v.seq)), "no duplicate: {v:?}");
+                        assert_eq!(v.baggage, vec![7; 16], "the right bytes");
+                    }
+                }
+                _ => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        assert_eq!(
+            seen.len(),
+            SAMPLES as usize,
+            "the outside reader got every sample: {:?}",
+            bridge.counts()
+        );
+        assert!((0..SAMPLES).all(|i| seen.contains(&(i % 4, i / 4))));
+
+        // Nothing came back in: the group's reader has each sample once.
+        let mut taken = 0u32;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while taken < SAMPLES && Instant::now() < deadline {
+            taken += group_reader.take(1024).expect("take").len() as u32;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        taken += group_reader.take(1024).expect("take").len() as u32;
+        assert_eq!(taken, SAMPLES, "each sample once in the group: {:?}", bridge.counts());
+        assert_eq!(
+            bridge.counts().from_rtps,
+            0,
+            "no sample of the bridge's own came back in"
         );
     }
 }
