@@ -13,12 +13,17 @@ const SPINDLE: &str = env!("CARGO_BIN_EXE_spindle");
 /// The longest any process of a test may run.
 const PROCESS_WAIT: Duration = Duration::from_secs(120);
 
-fn ddsperf() -> String {
-    let found = Command::new("sh")
-        .args(["-c", "command -v ddsperf"])
+/// Whether `program args…` runs and exits 0.
+fn runs(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
         .output()
         .map(|o| o.status.success())
-        .unwrap_or(false);
+        .unwrap_or(false)
+}
+
+fn ddsperf() -> String {
+    let found = runs("sh", &["-c", "command -v ddsperf"]);
     assert!(
         found,
         "ddsperf not found: install Cyclone DDS's tools (`apt-get install cyclonedds-tools`; .ci/run does)"
@@ -335,11 +340,7 @@ fn spindle_publishes_64_kib_samples_and_cyclone_gets_every_one() {
 /// installed by `.ci/run`): `$SPINDLE_CYCLONEDDS_PYTHON`, else `python3`.
 fn cyclonedds_python() -> String {
     let python = std::env::var("SPINDLE_CYCLONEDDS_PYTHON").unwrap_or_else(|_| "python3".into());
-    let found = Command::new(&python)
-        .args(["-c", "import cyclonedds.domain"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+    let found = runs(&python, &["-c", "import cyclonedds.domain"]);
     assert!(
         found,
         "{python} cannot import cyclonedds: `python3 -m pip install cyclonedds==11.0.1` (.ci/run does), or set SPINDLE_CYCLONEDDS_PYTHON"
