@@ -69,8 +69,9 @@ fn wait_for_deliveries(dir: &Path, rank: usize, view: u64, at_least: usize, time
     while delivered_in(dir, rank, view) < at_least {
         assert!(
             started.elapsed() < timeout,
-            "member {rank} delivered only {} messages in view {view} within {timeout:?}",
-            delivered_in(dir, rank, view)
+            "member {rank} delivered only {} messages in view {view} within {timeout:?}; its views: {:?}",
+            delivered_in(dir, rank, view),
+            views(dir, rank)
         );
         std::thread::sleep(Duration::from_millis(20));
     }

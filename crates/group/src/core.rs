@@ -87,6 +87,16 @@ const DELIVERY_BUDGET_PER_SENDER: u64 = 1 << 16;
 /// senders reuse slots while the rest is delivered (no pipeline stall).
 const DELIVERY_BYTES_BUDGET: u64 = 256 << 10;
 
+/// Where a sender's delivery cursor stopped ([`GroupCore::advance_cursor`]).
+enum Cursor {
+    /// A data message: its slot's offset in the sender's row and its length.
+    Data { off: usize, len: usize },
+    /// The message index is a null (passed, nothing delivered).
+    Null,
+    /// The sender moved on to a newer view and reused the slot.
+    Overtaken,
+}
+
 pub struct GroupCore<F: Fabric> {
     pub(crate) fabric: Arc<F>,
     pub(crate) layout: Arc<SmcLayout>,
@@ -141,6 +151,10 @@ pub struct GroupCore<F: Fabric> {
     track_acks: bool,
     /// [`GroupCore::pause_receive`].
     receive_paused: bool,
+    /// A sender reused a slot this member had yet to deliver from: it was
+    /// removed and does not know yet. The SMC stops; the membership step
+    /// runs every pass until it installs the view that removed it.
+    overtaken: bool,
     pub(crate) counters: Counters,
     pub(crate) peer_check_interval_ns: u64,
     pub(crate) last_peer_check_ns: u64,
@@ -218,6 +232,7 @@ impl<F: Fabric> GroupCore<F> {
             ack_every_slots: config.ack_every_slots,
             track_acks: config.track_acks,
             receive_paused: false,
+            overtaken: false,
             counters: Counters::default(),
             peer_check_interval_ns: config.peer_check_interval.as_nanos() as u64,
             last_peer_check_ns: 0,
@@ -236,6 +251,11 @@ impl<F: Fabric> GroupCore<F> {
     /// Enter the current view's SMC state: senders, counters from zero,
     /// every peer's base unknown until its row says it runs this view.
     pub(crate) fn enter_view(&mut self, view: u64, members: &[usize]) {
+        debug_assert!(
+            !self.overtaken,
+            "virtual synchrony: member {} was overtaken in view {} yet enters view {view}",
+            self.my_rank, self.view
+        );
         self.view = view;
         self.view_members = members.to_vec();
         self.view_mask = members.iter().fold(0u64, |m, r| m | 1 << r);
@@ -416,7 +436,7 @@ impl<F: Fabric> GroupCore<F> {
                 self.check_peers()?;
             }
         }
-        if self.mship.enabled && (timed || self.mship.busy()) {
+        if self.mship.enabled && (timed || self.mship.busy() || self.overtaken) {
             work += self.membership_step(now_ns, timed, up)?;
         }
         if work > 0 || timed {
@@ -462,12 +482,16 @@ impl<F: Fabric> GroupCore<F> {
     /// counters published for this view.
     #[inline(always)]
     fn smc_running(&self) -> bool {
-        !self.mship.wedged && !self.mship.joining && !self.mship.left && self.mship.awaiting_snapshot.is_none()
+        !self.mship.wedged
+            && !self.mship.joining
+            && !self.mship.left
+            && !self.overtaken
+            && self.mship.awaiting_snapshot.is_none()
     }
 
     /// Whether a pass would find something to do (cheap; before parking).
     pub fn has_work(&self) -> bool {
-        if self.mship.busy() {
+        if self.mship.busy() || self.overtaken {
             return true;
         }
         if let Some(ring) = &self.ring {
@@ -916,23 +940,32 @@ impl<F: Fabric> GroupCore<F> {
         while q < end {
             let rank = self.sender_ranks[s];
             let row = fabric.row(rank);
-            if let Some((off, len)) = self.advance_cursor(row, s, index, q) {
-                // SAFETY: the slot was published by the guard we loaded with
-                // Acquire when receiving it, and stays ours until we store
-                // released_slots past it (after this callback returns).
-                let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
-                up.deliver(&Delivery {
-                    view: self.view,
-                    sender_rank: rank,
-                    sender_index: s,
-                    index,
-                    seq: q,
-                    payload,
-                });
-                delivered += 1;
-                bytes += len as u64;
-            } else {
-                up.null_passed(self.view, rank, index);
+            match self.advance_cursor(row, s, index, q) {
+                Cursor::Data { off, len } => {
+                    // SAFETY: the slot was published by the guard we loaded with
+                    // Acquire when receiving it, and stays ours until we store
+                    // released_slots past it (after this callback returns).
+                    let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
+                    up.deliver(&Delivery {
+                        view: self.view,
+                        sender_rank: rank,
+                        sender_index: s,
+                        index,
+                        seq: q,
+                        payload,
+                    });
+                    delivered += 1;
+                    bytes += len as u64;
+                }
+                Cursor::Null => up.null_passed(self.view, rank, index),
+                Cursor::Overtaken => {
+                    // Removed without knowing it yet: the sender's slots
+                    // from here on belong to a view this member is not in.
+                    // Nothing more is delivered; the membership step that
+                    // runs next learns of the removal (see `overtaken`).
+                    self.overtaken = true;
+                    break;
+                }
             }
             q += 1;
             s += 1;
@@ -985,10 +1018,14 @@ impl<F: Fabric> GroupCore<F> {
     }
 
     /// Move sender `s`'s delivery cursor to message `index` (global `seq`)
-    /// and past it. Returns the data slot's offset and length, or `None`
-    /// when `index` is a null (skip slots carry no index and are passed).
+    /// and past it. Returns the data slot's offset and length, or
+    /// [`Cursor::Null`] when `index` is a null (skip slots carry no index
+    /// and are passed), or [`Cursor::Overtaken`] when the sender has
+    /// moved on to a newer view and reused the slot (this member was
+    /// removed while it was stopped between computing `stable` and
+    /// getting here: a process under SIGSTOP, a VM paused).
     #[inline]
-    fn advance_cursor(&mut self, row: RowRef<'_>, s: usize, index: u64, seq: u64) -> Option<(usize, usize)> {
+    fn advance_cursor(&mut self, row: RowRef<'_>, s: usize, index: u64, seq: u64) -> Cursor {
         let mut p = self.deliver_slots[s];
         debug_assert!(
             self.sender_base[s].is_some(),
@@ -997,10 +1034,13 @@ impl<F: Fabric> GroupCore<F> {
         // Known: this sender's messages were received (stability).
         let base = self.sender_base[s].unwrap_or(0);
         loop {
-            debug_assert!(
-                p < self.recv_slots[s],
-                "stability: seq {seq} delivered before it was received"
-            );
+            if p >= self.recv_slots[s] {
+                // Only reused slots (skips the new view wrote) lead here.
+                if self.sender_moved_on(row) {
+                    return Cursor::Overtaken;
+                }
+                debug_assert!(false, "stability: seq {seq} delivered before it was received");
+            }
             let off = self.layout.slot_offset(base + p);
             let null_count = row.u32_at(off + 8).load(Ordering::Relaxed);
             if null_count == NULL_COUNT_SKIP {
@@ -1009,20 +1049,29 @@ impl<F: Fabric> GroupCore<F> {
             }
             let first = row.u64_at(off).load(Ordering::Relaxed);
             if null_count == 0 {
+                if first != index && self.sender_moved_on(row) {
+                    return Cursor::Overtaken;
+                }
                 assert_eq!(
                     first, index,
                     "total order: sender index {s} slot {p} holds index {first}, seq {seq} needs {index}"
                 );
                 self.deliver_slots[s] = p + 1;
-                return Some((off, row.u32_at(off + 12).load(Ordering::Relaxed) as usize));
+                return Cursor::Data {
+                    off,
+                    len: row.u32_at(off + 12).load(Ordering::Relaxed) as usize,
+                };
             }
             let last = first + null_count as u64 - 1;
+            if !(first..=last).contains(&index) && self.sender_moved_on(row) {
+                return Cursor::Overtaken;
+            }
             debug_assert!(
                 index >= first && index <= last,
                 "total order: null run {first}..={last} skips {index}"
             );
             self.deliver_slots[s] = if index == last { p + 1 } else { p };
-            return None;
+            return Cursor::Null;
         }
     }
 

@@ -285,3 +285,38 @@ fn the_leader_crashing_during_a_view_change_is_replaced() {
     }
     assert!(two_changes > 0, "some crash landed after the first view change began");
 }
+
+/// A member that takes no turn for longer than the suspicion timeout (a
+/// process under SIGSTOP) is removed; when it runs again it learns that
+/// from the survivors' installed view and stops with `Removed`, having
+/// delivered a prefix of what they delivered in the old view (the
+/// checkers compare every log after every step). The survivors lose
+/// nothing. (On shared memory the resumed member may also find its
+/// senders' slots reused: `tests/overtaken.rs`.)
+#[test]
+fn a_member_paused_past_the_suspicion_timeout_is_removed_and_learns_it_when_resumed() {
+    let mut removed = 0;
+    for seed in 0..20 {
+        let (spec, mut plan) = plan(seed, 4);
+        plan.speed_per_mille = vec![1000; 4];
+        plan.slow_links.clear();
+        plan.suspect_timeout_ns = plan.healthy_suspect_timeout_ns();
+        // Paused long enough for the others' heartbeat checks to pass the
+        // timeout even at the smallest ticks, then resumed while they send.
+        let pause_steps = plan.suspect_timeout_ns / (plan.tick_ns_max / 2).max(1) * 4 + 20;
+        plan.pause = Some((2, 40, 40 + pause_steps));
+        let spec = SimSpec {
+            steps: 40 + pause_steps + 100,
+            ..spec
+        };
+        let r = ok(simulation::run_plan(&spec, plan));
+        match &r.ends[2] {
+            MemberEnd::Stopped(e) if e.contains("was removed from the group") => removed += 1,
+            e => panic!("seed {seed}: the paused member ended {e:?}"),
+        }
+        for m in [0, 1, 3] {
+            assert_eq!(r.ends[m], MemberEnd::Running, "seed {seed}: survivor {m}: {:?}", r.ends);
+        }
+    }
+    assert_eq!(removed, 20);
+}

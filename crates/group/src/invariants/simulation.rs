@@ -205,6 +205,10 @@ pub struct SimPlan {
     pub joiner: Option<(usize, u64)>,
     /// A member that asks to leave at a step.
     pub leaver: Option<(usize, u64)>,
+    /// A member that takes no turn from the first step to the second (a
+    /// process under SIGSTOP, a paused VM), then runs again. Never drawn:
+    /// scenario tests pin it.
+    pub pause: Option<(usize, u64, u64)>,
     /// A member whose heartbeat stalls this long is suspected.
     pub suspect_timeout_ns: u64,
     /// Steps after the workload for everything to settle.
@@ -271,6 +275,7 @@ impl SimPlan {
             partition: None,
             joiner: None,
             leaver: None,
+            pause: None,
             suspect_timeout_ns: 0,
             drain_steps_max: 4_000,
         };
@@ -368,7 +373,7 @@ impl SimPlan {
         format!(
             "senders={} mode={} window_slots={} slot_payload_max={} batching={} send={}‰ burst≤{} abandon={}‰ reserve_batch={} tick≤{}ns \
              delay≤{}ns split≤{} slow_links={:?} speed‰={:?} detect_timeout={}ns suspect_timeout={}ns crash={:?} \
-             partition={:?} joiner={:?} leaver={:?}",
+             partition={:?} joiner={:?} leaver={:?} pause={:?}",
             self.senders.as_str(),
             self.mode.as_str(),
             self.window_slots,
@@ -388,7 +393,8 @@ impl SimPlan {
             self.crash,
             self.partition,
             self.joiner,
-            self.leaver
+            self.leaver,
+            self.pause
         )
     }
 }
@@ -619,7 +625,10 @@ impl Cluster {
             rng: root.fork(WORKLOAD_STREAM),
             step: 0,
             stepping: None,
-            faults_injected: plan.crash.is_some() || plan.partition.is_some() || spec.sabotage.is_some(),
+            faults_injected: plan.crash.is_some()
+                || plan.partition.is_some()
+                || plan.pause.is_some()
+                || spec.sabotage.is_some(),
             plan,
         })
     }
@@ -670,6 +679,9 @@ impl Cluster {
             self.rng.shuffle(&mut order);
             for &m in &order {
                 if self.ends[m] != MemberEnd::Running || !self.rng.chance(self.plan.speed_per_mille[m]) {
+                    continue;
+                }
+                if matches!(self.plan.pause, Some((r, from, to)) if r == m && (from..to).contains(&self.step)) {
                     continue;
                 }
                 if sending {
@@ -903,7 +915,8 @@ impl Cluster {
     fn settled(&self) -> bool {
         let partition_pending = self.plan.partition.is_some_and(|p| p.start_step >= self.step);
         let churn_pending = self.plan.joiner.is_some_and(|(_, s)| s >= self.step)
-            || self.plan.leaver.is_some_and(|(_, s)| s >= self.step);
+            || self.plan.leaver.is_some_and(|(_, s)| s >= self.step)
+            || self.plan.pause.is_some_and(|(_, _, to)| to >= self.step);
         !partition_pending && !churn_pending && self.world.in_flight_bytes() == 0 && self.quiescent().is_ok()
     }
 
