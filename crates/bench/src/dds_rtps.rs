@@ -178,6 +178,9 @@ pub struct Counts {
     pub own_skipped: u64,
     /// Failed RTPS writes.
     pub rtps_write_errors: u64,
+    /// RTPS datagrams this process dropped as malformed (rustdds could
+    /// not parse them; `null` when another `log` logger was installed).
+    pub malformed_datagrams: Option<u64>,
 }
 
 impl From<BridgeCounts> for Counts {
@@ -188,6 +191,7 @@ impl From<BridgeCounts> for Counts {
             rtps_dropped: c.rtps_dropped,
             own_skipped: c.own_skipped,
             rtps_write_errors: c.rtps_write_errors,
+            malformed_datagrams: spindle::dds::rtps::malformed_datagrams(),
         }
     }
 }

@@ -50,6 +50,8 @@ mod participant;
 mod reader;
 #[cfg(feature = "rtps")]
 pub mod rtps;
+#[cfg(feature = "rtps")]
+mod rtps_log;
 mod writer;
 
 pub use participant::{DomainParticipant, ParticipantBuilder, Publisher, Subscriber, Topic};

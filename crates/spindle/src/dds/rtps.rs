@@ -109,6 +109,7 @@ use spindle_dds::qos::{Durability, History, ReaderQos, Reliability, WriterQos};
 use spindle_dds::types::{endpoint_id, Keyed, TopicType, WriterId};
 
 use super::participant::{DomainParticipant, Topic};
+pub use super::rtps_log::malformed_datagrams;
 use super::DdsError;
 
 /// Bit 47 of an endpoint's local index marks an RTPS bridge's injector
@@ -315,6 +316,8 @@ impl RtpsSlot {
                 config.domain_id
             )));
         }
+        // Count the datagrams rustdds drops unparsed (it keeps no count).
+        super::rtps_log::install();
         let mut builder = rustdds::DomainParticipantBuilder::new(config.domain_id).same_host_loopback(true);
         if config.loopback_only {
             builder = builder.with_only_networks([std::net::Ipv4Addr::LOCALHOST]);
