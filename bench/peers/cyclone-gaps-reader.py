@@ -1,0 +1,37 @@
+import json, sys, time
+from dataclasses import dataclass
+from cyclonedds.core import Qos, Policy
+from cyclonedds.domain import DomainParticipant
+from cyclonedds.idl import IdlStruct
+from cyclonedds.idl.annotations import key
+from cyclonedds.idl.types import sequence, uint8, uint32
+from cyclonedds.sub import DataReader
+from cyclonedds.topic import Topic
+from cyclonedds.util import duration
+
+@dataclass
+class KeyedSeq(IdlStruct, typename="KeyedSeq"):
+    seq: uint32
+    keyval: uint32
+    key("keyval")
+    baggage: sequence[uint8]
+
+domain, expected, timeout_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+qos = Qos(Policy.Reliability.Reliable(duration(seconds=1)), Policy.Durability.Volatile, Policy.History.KeepAll)
+p = DomainParticipant(domain)
+t = Topic(p, "DDSPerfRDataKS", KeyedSeq, qos=qos)
+r = DataReader(p, t, qos=qos)
+seqs = []
+deadline = time.monotonic() + timeout_s
+while len(seqs) < expected and time.monotonic() < deadline:
+    got = r.take(N=1000)
+    if not got:
+        time.sleep(0.005); continue
+    seqs.extend(s.seq for s in got)
+gaps = []
+prev = None
+for s in seqs:
+    if prev is not None and s != prev + 1:
+        gaps.append((prev, s))
+    prev = s
+print(json.dumps({"samples": len(seqs), "first": seqs[:1], "last": seqs[-1:], "gaps": gaps[:20], "ngaps": len(gaps)}))
