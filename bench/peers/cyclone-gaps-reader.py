@@ -1,3 +1,15 @@
+"""A Cyclone DDS reader (Python `cyclonedds` from PyPI: `python3 -m pip
+install cyclonedds==11.0.1`) of ddsperf's KeyedSeq on DDSPerfRDataKS,
+reliable, volatile, keep-all, that records every seq it takes and prints
+one JSON line: samples, first, last, gaps (the first 20 (previous, next)
+pairs where seq did not rise by one), ngaps.
+
+    export CYCLONEDDS_URI="$(spindle dds sub --print-cyclone-uri)"
+    python3 bench/peers/cyclone-gaps-reader.py DOMAIN EXPECTED TIMEOUT_S &
+    spindle dds pub --rtps --loopback-only --domain DOMAIN --size 16 --count 10000
+
+Results: bench/results/rtps-unpaced-gaps.json.
+"""
 import json, sys, time
 from dataclasses import dataclass
 from cyclonedds.core import Qos, Policy
@@ -27,7 +39,7 @@ while len(seqs) < expected and time.monotonic() < deadline:
     got = r.take(N=1000)
     if not got:
         time.sleep(0.005); continue
-    seqs.extend(s.seq for s in got)
+    seqs.extend(s.seq for s in got if hasattr(s, "seq"))
 gaps = []
 prev = None
 for s in seqs:

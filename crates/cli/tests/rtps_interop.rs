@@ -351,6 +351,16 @@ fn spindle_publishes_16_byte_samples_and_cyclone_gets_every_one() {
     spindle_to_cyclone(62, 16, 5000);
 }
 
+/// Unpaced: the 10,000 go out as fast as the bridge writes them, right
+/// after the match. Before the bridge waited for a new reader's first
+/// acknowledgment (`RTPS_SYNC_WAIT`), Cyclone's volatile reader skipped
+/// a block of them and acknowledged it anyway (ddsperf: "lost 49"; a
+/// block from seq 1486 in `bench/results/rtps-unpaced-gaps.json`).
+#[test]
+fn spindle_publishes_16_byte_samples_unpaced_and_cyclone_gets_every_one() {
+    spindle_to_cyclone(69, 16, 0);
+}
+
 /// 64 KB samples (RTPS fragments them: DATA_FRAG, reassembled by the
 /// reader), 10,000 of them each way, paced.
 #[test]
