@@ -10,23 +10,20 @@ pairs where seq did not rise by one), ngaps.
 
 Results: bench/results/rtps-unpaced-gaps.json.
 """
-import json, sys, time
-from dataclasses import dataclass
+import json
+import os
+import sys
+import time
+
 from cyclonedds.core import Qos, Policy
 from cyclonedds.domain import DomainParticipant
-from cyclonedds.idl import IdlStruct
-from cyclonedds.idl.annotations import key
-from cyclonedds.idl.types import sequence, uint8, uint32
 from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
 from cyclonedds.util import duration
 
-@dataclass
-class KeyedSeq(IdlStruct, typename="KeyedSeq"):
-    seq: uint32
-    keyval: uint32
-    key("keyval")
-    baggage: sequence[uint8]
+# ddsperf's KeyedSeq, defined once, beside the interop tests' late reader.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "crates", "cli", "tests", "python"))
+from cyclone_late_reader import KeyedSeq  # noqa: E402
 
 domain, expected, timeout_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 qos = Qos(Policy.Reliability.Reliable(duration(seconds=1)), Policy.Durability.Volatile, Policy.History.KeepAll)
