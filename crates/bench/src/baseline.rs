@@ -228,6 +228,66 @@ pub fn run_member(args: BaselineArgs) -> Result<(), String> {
 ///   match.
 ///
 /// The measuring side prints one JSON line on stdout for the coordinator.
+/// The disk's own limit for persistent mode: one `size`-byte write and
+/// one `fdatasync` at a time, for `duration`, in `dir` (the directory the
+/// members' logs were in).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FsyncLoop {
+    pub dir: String,
+    pub size: usize,
+    pub syncs: u64,
+    pub syncs_per_s: f64,
+    pub mb_per_s: f64,
+    pub sync_ns: crate::report::Percentiles,
+    /// The disk's streaming bandwidth: 1 MiB writes, one fdatasync per
+    /// 64 MiB, for a second (what group commit can reach at best).
+    pub streaming_mb_per_s: f64,
+}
+
+pub fn fsync_loop(dir: &std::path::Path, size: usize, duration: std::time::Duration) -> Result<FsyncLoop, String> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let path = dir.join("fsync-loop.bin");
+    let mut file = std::fs::File::create(&path).map_err(|e| format!("create {}: {e}", path.display()))?;
+    let buf = vec![0x5au8; size];
+    let mut hist = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    let started = std::time::Instant::now();
+    let mut syncs = 0u64;
+    while started.elapsed() < duration {
+        let t = std::time::Instant::now();
+        file.write_all(&buf)
+            .map_err(|e| format!("write {}: {e}", path.display()))?;
+        file.sync_data()
+            .map_err(|e| format!("fdatasync {}: {e}", path.display()))?;
+        let _ = hist.record(t.elapsed().as_nanos() as u64);
+        syncs += 1;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let block = vec![0x5au8; 1 << 20];
+    let stream_started = std::time::Instant::now();
+    let mut streamed = 0u64;
+    while stream_started.elapsed() < std::time::Duration::from_secs(1) {
+        for _ in 0..64 {
+            file.write_all(&block)
+                .map_err(|e| format!("write {}: {e}", path.display()))?;
+        }
+        file.sync_data()
+            .map_err(|e| format!("fdatasync {}: {e}", path.display()))?;
+        streamed += 64 << 20;
+    }
+    let streaming_mb_per_s = streamed as f64 / stream_started.elapsed().as_secs_f64() / 1e6;
+    let _ = std::fs::remove_file(&path);
+    Ok(FsyncLoop {
+        streaming_mb_per_s,
+        dir: dir.display().to_string(),
+        size,
+        syncs,
+        syncs_per_s: syncs as f64 / secs,
+        mb_per_s: (syncs * size as u64) as f64 / secs / 1e6,
+        sync_ns: crate::report::Percentiles::from_histogram(&hist),
+    })
+}
+
 pub mod tcp {
     use crate::cluster::{Cluster, Output};
     use std::io::{Read, Write};

@@ -72,6 +72,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         self_check: true,
         pin: false,
         delivery_log: Some(log_dir.clone()),
+        persist_dir: None,
         result_dir: work_dir.clone(),
         join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
         transport: "shm".into(),

@@ -57,6 +57,9 @@ pub struct MemberSpec {
     #[serde(default)]
     pub pin: bool,
     pub delivery_log: Option<PathBuf>,
+    /// Persistent mode: the directory of the members' logs.
+    #[serde(default)]
+    pub persist_dir: Option<PathBuf>,
     pub result_dir: PathBuf,
     pub join_timeout_ms: u64,
     /// "shm" (default), "tcp", or "ofi" / `"ofi:<provider>"` (libfabric,
@@ -128,6 +131,7 @@ impl MemberSpec {
         let mut config = GroupConfig::new(&self.group, self.members);
         config.senders = SenderSet::Ranks(self.senders.clone());
         config.mode = DeliveryMode::parse(&self.mode)?;
+        config.persist_dir = self.persist_dir.clone();
         config.window_slots = self.window;
         config.slot_payload_max = self.slot_payload_max;
         config.batching = self.batching;

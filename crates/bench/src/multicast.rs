@@ -32,9 +32,16 @@ pub struct MulticastArgs {
     /// Messages per sender.
     #[arg(long, default_value_t = 100_000)]
     pub count: u64,
-    /// Delivery mode: ordered or unordered.
+    /// Delivery mode: ordered, unordered or persistent (ordered, and
+    /// delivered once every member has it on disk; the run also measures a
+    /// plain write + fdatasync loop on the same disk).
     #[arg(long, default_value = "ordered")]
     pub mode: String,
+    /// Persistent mode: the directory of the members' logs (default: a
+    /// fresh one under the current directory, removed after the run; not
+    /// /tmp or /dev/shm, which may be memory).
+    #[arg(long)]
+    pub persist_dir: Option<PathBuf>,
     /// Slots in each sender's ring (a power of two).
     #[arg(long, default_value_t = defaults::WINDOW_SLOTS)]
     pub window: usize,
@@ -140,8 +147,23 @@ impl MulticastArgs {
 }
 
 pub fn run(args: MulticastArgs) -> Result<(), String> {
-    let (report, tcp_baseline) = measure_with_tcp(&args)?;
+    let (report, tcp_baseline, fsync_loop) = measure_with_tcp(&args)?;
     print_report(&report);
+    if let Some(f) = &fsync_loop {
+        println!(
+            "fdatasync loop on the same disk ({} B writes, one sync each): {:.0} syncs/s, {:.2} MB/s, sync p50 {} ns p99 {} ns; \
+             persistent delivered / loop = {:.1}x the messages; the disk streams {:.0} MB/s (1 MiB writes, a sync per 64 MiB), \
+             the members wrote {:.0} MB/s together",
+            f.size,
+            f.syncs_per_s,
+            f.mb_per_s,
+            f.sync_ns.p50,
+            f.sync_ns.p99,
+            report.delivered_msgs_per_s_min / f.syncs_per_s.max(1e-9),
+            f.streaming_mb_per_s,
+            report.delivered_gbps_min * 1e3 * report.members as f64
+        );
+    }
     if let Some(b) = &tcp_baseline {
         print_tcp_baseline(&report, b);
     }
@@ -166,6 +188,13 @@ pub fn run(args: MulticastArgs) -> Result<(), String> {
                 serde_json::to_value(b.pingpong_spin_rtt_ns).map_err(|e| e.to_string())?,
             );
             map.insert("ratio_rtt_own_p50_to_pingpong_p50".into(), rtt_ratio(&report, b).into());
+        }
+        if let (Some(f), Some(map)) = (&fsync_loop, value.as_object_mut()) {
+            map.insert("fsync_loop".into(), serde_json::to_value(f).map_err(|e| e.to_string())?);
+            map.insert(
+                "ratio_msgs_to_fsync_loop_syncs".into(),
+                (report.delivered_msgs_per_s_min / f.syncs_per_s.max(1e-9)).into(),
+            );
         }
         let json = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
         std::fs::write(path, json + "\n").map_err(|e| format!("write {}: {e}", path.display()))?;
@@ -205,11 +234,30 @@ fn print_tcp_baseline(r: &BenchReport, b: &crate::baseline::tcp::TcpBaseline) {
 
 /// Run the members and the baseline (the raw shm ring, or on tcp the raw
 /// TCP stream and ping-pong); gather the report.
+#[allow(clippy::type_complexity)]
 pub fn measure_with_tcp(
     args: &MulticastArgs,
-) -> Result<(BenchReport, Option<crate::baseline::tcp::TcpBaseline>), String> {
+) -> Result<
+    (
+        BenchReport,
+        Option<crate::baseline::tcp::TcpBaseline>,
+        Option<crate::baseline::FsyncLoop>,
+    ),
+    String,
+> {
     let (set, ranks, slot) = args.validate()?;
     let result_dir = tempdir("bench")?;
+    let persistent = args.mode == "persistent";
+    // A fresh directory per run (the logs of an earlier run are refused);
+    // removed afterwards unless the caller named it.
+    let persist_dir = persistent.then(|| {
+        let base = args.persist_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+        base.join(format!(
+            "spindle-persist-{}-{}",
+            std::process::id(),
+            spindle_runtime::monotonic_ns()
+        ))
+    });
     let tcp = args.transport == "tcp";
     let ofi = crate::member::is_ofi(&args.transport);
     let (addresses, key_hex) = if tcp || ofi {
@@ -245,6 +293,7 @@ pub fn measure_with_tcp(
         self_check: args.self_check,
         pin: args.pin,
         delivery_log: args.delivery_log.clone(),
+        persist_dir: persist_dir.clone(),
         result_dir: result_dir.clone(),
         join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
         transport: args.transport.clone(),
@@ -264,10 +313,23 @@ pub fn measure_with_tcp(
     let results = run_members(&spec, Duration::from_secs(args.timeout_s), None);
     let results = results.inspect_err(|_| {
         let _ = std::fs::remove_dir_all(&result_dir);
+        if let Some(d) = &persist_dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
     })?;
+    // The disk's own limit, on the same directory: write + fdatasync of
+    // one message at a time.
+    let fsync_loop = match &persist_dir {
+        Some(d) => {
+            let r = crate::baseline::fsync_loop(d, args.size, Duration::from_secs(2));
+            let _ = std::fs::remove_dir_all(d);
+            Some(r?)
+        }
+        None => None,
+    };
     let (latency_ns, latency_own_ns) = latencies(&result_dir, args.members)?;
     let _ = std::fs::remove_dir_all(&result_dir);
-    check_agreement(&results, args.mode == "ordered", total)?;
+    check_agreement(&results, args.mode != "unordered", total)?;
     let mut tcp_baseline = None;
     let (baseline_gbps, baseline_msgs_per_s) = if args.no_baseline || ofi {
         (0.0, 0.0)
@@ -319,7 +381,7 @@ pub fn measure_with_tcp(
             .unwrap_or(0),
         command: std::env::args().collect::<Vec<_>>().join(" "),
     };
-    Ok((report, tcp_baseline))
+    Ok((report, tcp_baseline, fsync_loop))
 }
 
 /// Spawn one process per member, wait for all (calling `progress` with

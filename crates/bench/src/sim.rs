@@ -138,6 +138,8 @@ struct Tally {
     failures: Vec<SimReport>,
     lost_runs: u64,
     complete_runs: u64,
+    /// Runs per delivery mode the plans drew (ordered, unordered, persistent).
+    mode_runs: std::collections::BTreeMap<&'static str, u64>,
     sent: u64,
     delivered: u64,
     steps: u64,
@@ -151,6 +153,7 @@ impl Tally {
         self.delivered += report.delivered.iter().sum::<u64>();
         self.steps += report.steps_run;
         self.events += report.events;
+        *self.mode_runs.entry(report.plan.mode.as_str()).or_default() += 1;
         if report.lost_members() > 0 {
             self.lost_runs += 1;
         } else {
@@ -271,6 +274,7 @@ fn write_json(path: &std::path::Path, args: &SimArgs, v: &Validated, t: &Tally, 
         "violations": t.failures.len(),
         "runs_that_lost_a_member": t.lost_runs,
         "runs_to_completion": t.complete_runs,
+        "runs_by_mode": t.mode_runs,
         "steps": t.steps,
         "messages_sent": t.sent,
         "deliveries_checked": t.delivered,

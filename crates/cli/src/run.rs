@@ -142,6 +142,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         self_check: false,
         pin: false,
         delivery_log: args.delivery_log.clone(),
+        persist_dir: file.persist_dir.clone(),
         result_dir: result_dir.clone(),
         join_timeout_ms: file.join_timeout_ms,
         transport: file.transport.clone(),

@@ -15,6 +15,10 @@ pub enum DeliveryMode {
     Ordered,
     /// Delivered on receipt, FIFO per sender, no order across senders.
     Unordered,
+    /// Atomic multicast made durable: a message is delivered, in the same
+    /// total order, once every member of the view has it in its on-disk log
+    /// (see [`crate::persist`]; needs [`GroupConfig::persist_dir`]).
+    Persistent,
 }
 
 impl DeliveryMode {
@@ -22,8 +26,9 @@ impl DeliveryMode {
         match s {
             "ordered" => Ok(DeliveryMode::Ordered),
             "unordered" => Ok(DeliveryMode::Unordered),
+            "persistent" => Ok(DeliveryMode::Persistent),
             other => Err(format!(
-                "unknown delivery mode '{other}': expected 'ordered' or 'unordered'"
+                "unknown delivery mode '{other}': expected 'ordered', 'unordered' or 'persistent'"
             )),
         }
     }
@@ -31,7 +36,13 @@ impl DeliveryMode {
         match self {
             DeliveryMode::Ordered => "ordered",
             DeliveryMode::Unordered => "unordered",
+            DeliveryMode::Persistent => "persistent",
         }
+    }
+    /// Whether delivery follows the total order (ordered and persistent).
+    #[inline(always)]
+    pub fn is_total_order(&self) -> bool {
+        !matches!(self, DeliveryMode::Unordered)
     }
 }
 
@@ -121,6 +132,10 @@ pub struct GroupConfig {
     /// is exact: what a paced writer (NAPA) needs to see its window
     /// occupancy. Off by default (it reads every member's row each pass).
     pub track_acks: bool,
+    /// Where persistent mode keeps each member's log
+    /// (`<dir>/<name>-member-<rank>.log`); needed by, and only used in,
+    /// [`DeliveryMode::Persistent`].
+    pub persist_dir: Option<std::path::PathBuf>,
 }
 
 /// Defaults, shared by the API, the CLI and the docs.
@@ -159,6 +174,7 @@ impl GroupConfig {
             snapshot_bytes_max: defaults::SNAPSHOT_BYTES_MAX,
             ack_every_slots: 0,
             track_acks: false,
+            persist_dir: None,
         }
     }
 

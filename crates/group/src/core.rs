@@ -48,6 +48,7 @@ use crate::config::{DeliveryMode, GroupConfig};
 use crate::counters::{self, Counters};
 use crate::layout::{SmcLayout, NULL_COUNT_SKIP, SLOT_HEADER_BYTES};
 use crate::membership::{MembershipState, Upcalls, View};
+use crate::persist::PersistLog;
 use crate::send_ring::SendRing;
 use crate::sync::Ordering;
 use crate::GroupError;
@@ -138,6 +139,14 @@ pub struct GroupCore<F: Fabric> {
     released_pushed: Vec<u64>,
     pub(crate) delivered_num: u64,
     pub(crate) received_frontier: u64,
+    /// Persistent mode: this member's log; the next seq to stage in it;
+    /// each sender's staging cursor (slots from its base, like
+    /// `deliver_slots` but ahead of it); the durable frontier this member
+    /// published in `persisted_num` (every seq below it on disk).
+    pub(crate) persist: Option<PersistLog>,
+    pub(crate) appended_num: u64,
+    append_slots: Vec<u64>,
+    pub(crate) persisted_num: u64,
     null_target: u64,
     /// The ring's reservation and back-pressure counts at the last pass:
     /// if either moved, the application is sending and its own messages
@@ -225,6 +234,10 @@ impl<F: Fabric> GroupCore<F> {
             released_pushed: Vec::new(),
             delivered_num: 0,
             received_frontier: 0,
+            persist: None,
+            appended_num: 0,
+            append_slots: Vec::new(),
+            persisted_num: 0,
             null_target: 0,
             app_reserved_seen: 0,
             app_backpressure_seen: 0,
@@ -278,6 +291,9 @@ impl<F: Fabric> GroupCore<F> {
         self.released_pushed = vec![0; senders];
         self.delivered_num = 0;
         self.received_frontier = 0;
+        self.appended_num = 0;
+        self.append_slots = vec![0; senders];
+        self.persisted_num = 0;
         self.null_target = 0;
         self.counters.values[counters::VIEW] = view;
         // This view's counters in the row start from zero (the tag that
@@ -286,6 +302,7 @@ impl<F: Fabric> GroupCore<F> {
         let l = &self.layout;
         me.u64_at(l.received_frontier.offset()).store(0, Ordering::Relaxed);
         me.u64_at(l.delivered_num.offset()).store(0, Ordering::Relaxed);
+        me.u64_at(l.persisted_num.offset()).store(0, Ordering::Relaxed);
         for i in 0..l.senders {
             me.u64_at(l.received_num.offset(i)).store(0, Ordering::Relaxed);
             me.u64_at(l.released_slots.offset(i)).store(0, Ordering::Relaxed);
@@ -403,7 +420,10 @@ impl<F: Fabric> GroupCore<F> {
             if self.my_sender_index.is_some() && self.send_nulls_if_blocking() {
                 work += self.publish()?;
             }
-            let delivered = if self.mode == DeliveryMode::Ordered {
+            if self.mode == DeliveryMode::Persistent {
+                work += self.persist_received()?;
+            }
+            let delivered = if self.mode.is_total_order() {
                 self.deliver_stable(up)?
             } else {
                 0
@@ -512,9 +532,123 @@ impl<F: Fabric> GroupCore<F> {
                 return true;
             }
         }
-        self.mode == DeliveryMode::Ordered
-            && self.received_frontier > self.delivered_num
-            && self.stable() > self.delivered_num
+        if self.mode == DeliveryMode::Persistent {
+            if self.appended_num < self.received_frontier {
+                return true;
+            }
+            if let Some(log) = &self.persist {
+                if log.durable_seq(self.view).map_or(true, |d| d > self.persisted_num) {
+                    return true;
+                }
+            }
+        }
+        self.mode.is_total_order() && self.received_frontier > self.delivered_num && self.stable() > self.delivered_num
+    }
+
+    // ---- 2b. persist (persistent mode) -----------------------------------
+
+    /// Attach this member's log (persistent mode; [`crate::Group::join`]
+    /// opens it in `persist_dir`, the simulator gives one in memory).
+    pub fn attach_log(&mut self, log: PersistLog) {
+        self.persist = Some(log);
+    }
+
+    /// This member's log (persistent mode).
+    pub fn persist_log_mut(&mut self) -> Option<&mut PersistLog> {
+        self.persist.as_mut()
+    }
+
+    /// This member's log (persistent mode).
+    pub fn persist_log(&self) -> Option<&PersistLog> {
+        self.persist.as_ref()
+    }
+
+    /// Stage what was received since the last pass in the log (in seq
+    /// order, one handover), then publish how far the log is durable.
+    fn persist_received(&mut self) -> Result<u32, GroupError> {
+        let mut work = 0;
+        let accepting = self.persist.as_ref().is_some_and(|l| l.accepting());
+        if self.appended_num < self.received_frontier && accepting {
+            let senders = self.sender_ranks.len() as u64;
+            let end = self
+                .received_frontier
+                .min(self.appended_num + DELIVERY_BUDGET_PER_SENDER * senders);
+            work += self.persist_through(end)?;
+        }
+        let rank = self.my_rank;
+        let log = self.persist.as_ref().ok_or_else(|| {
+            GroupError::Config(
+                "persistent mode without a log: join with Group::join, which opens it in persist_dir".into(),
+            )
+        })?;
+        let durable = log
+            .durable_seq(self.view)
+            .map_err(|reason| GroupError::Persist { rank, reason })?;
+        if durable > self.persisted_num {
+            assert!(
+                durable <= self.appended_num,
+                "persistence: durable frontier {durable} beyond what was staged ({})",
+                self.appended_num
+            );
+            self.persisted_num = durable;
+            // Release: pairs with the Acquire load of `persisted_num` in
+            // peers' `stable` (the records below it are on this disk).
+            self.row(self.my_rank)
+                .u64_at(self.layout.persisted_num.offset())
+                .store(durable, Ordering::Release);
+            work += 1;
+        }
+        Ok(work)
+    }
+
+    /// Stage every message from `appended_num` up to `end` (all received)
+    /// and hand them to the log. Returns the positions passed.
+    pub(crate) fn persist_through(&mut self, end: u64) -> Result<u32, GroupError> {
+        let Some(mut log) = self.persist.take() else {
+            return Err(GroupError::Config(
+                "persistent mode without a log: join with Group::join, which opens it in persist_dir".into(),
+            ));
+        };
+        debug_assert!(
+            end <= self.received_frontier,
+            "persistence: staging past the receive frontier"
+        );
+        let senders = self.sender_ranks.len() as u64;
+        let start = self.appended_num;
+        let (mut index, mut s) = (start / senders, (start % senders) as usize);
+        let fabric = Arc::clone(&self.fabric);
+        let mut q = start;
+        while q < end {
+            let rank = self.sender_ranks[s];
+            let row = fabric.row(rank);
+            let (cursor, p) = self.locate(row, s, self.append_slots[s], index, q);
+            match cursor {
+                Cursor::Data { off, len } => {
+                    // SAFETY: the slot was published by the guard we loaded with
+                    // Acquire when receiving it, and stays ours until we release
+                    // it after delivering it (delivery follows persistence).
+                    let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
+                    log.stage_message(self.view, q, rank, payload);
+                }
+                Cursor::Null => {}
+                Cursor::Overtaken => {
+                    self.overtaken = true;
+                    break;
+                }
+            }
+            self.append_slots[s] = p;
+            q += 1;
+            s += 1;
+            if s as u64 == senders {
+                s = 0;
+                index += 1;
+            }
+        }
+        self.appended_num = q;
+        log.stage_frontier(self.view, q);
+        log.commit();
+        self.persist = Some(log);
+        Ok((q - start) as u32)
     }
 
     // ---- 1. publish -------------------------------------------------------
@@ -879,14 +1013,19 @@ impl<F: Fabric> GroupCore<F> {
         if !self.all_tagged {
             return 0;
         }
-        let off = self.layout.received_frontier.offset();
+        // Persistent mode: stable once on every member's disk.
+        let (off, mut stable) = if self.mode == DeliveryMode::Persistent {
+            (self.layout.persisted_num.offset(), self.persisted_num)
+        } else {
+            (self.layout.received_frontier.offset(), self.received_frontier)
+        };
         let tag = self.layout.smc_view.offset();
-        let mut stable = self.received_frontier;
         for &rank in &self.view_members {
             if rank != self.my_rank {
                 let row = self.row(rank);
                 // Acquire: pairs with the Release store of the frontier in
-                // the member's `receive`.
+                // the member's `receive` (or of `persisted_num` in its
+                // `persist_received`).
                 stable = stable.min(row.u64_at(off).load(Ordering::Acquire));
                 // A member that moved on to a newer view counts from zero
                 // again (same cache line as the frontier: no extra miss).
@@ -1007,6 +1146,11 @@ impl<F: Fabric> GroupCore<F> {
                     .load(Ordering::Relaxed)
                     == NULL_COUNT_SKIP
             {
+                // Persistent mode: the staging cursor passes a skip it
+                // stands on too (a released slot may be reused at once).
+                if self.append_slots.get(s) == Some(&self.deliver_slots[s]) {
+                    self.append_slots[s] += 1;
+                }
                 self.deliver_slots[s] += 1;
                 released += 1;
             }
@@ -1026,7 +1170,15 @@ impl<F: Fabric> GroupCore<F> {
     /// getting here: a process under SIGSTOP, a VM paused).
     #[inline]
     fn advance_cursor(&mut self, row: RowRef<'_>, s: usize, index: u64, seq: u64) -> Cursor {
-        let mut p = self.deliver_slots[s];
+        let (cursor, p) = self.locate(row, s, self.deliver_slots[s], index, seq);
+        self.deliver_slots[s] = p;
+        cursor
+    }
+
+    /// Find message `index` (global `seq`) of sender `s` from its slot
+    /// `p` on: what it is and the cursor past it (see `advance_cursor`).
+    #[inline]
+    fn locate(&self, row: RowRef<'_>, s: usize, mut p: u64, index: u64, seq: u64) -> (Cursor, u64) {
         debug_assert!(
             self.sender_base[s].is_some(),
             "stability: delivering from a sender whose base is unknown"
@@ -1037,7 +1189,7 @@ impl<F: Fabric> GroupCore<F> {
             if p >= self.recv_slots[s] {
                 // Only reused slots (skips the new view wrote) lead here.
                 if self.sender_moved_on(row) {
-                    return Cursor::Overtaken;
+                    return (Cursor::Overtaken, p);
                 }
                 debug_assert!(false, "stability: seq {seq} delivered before it was received");
             }
@@ -1050,28 +1202,24 @@ impl<F: Fabric> GroupCore<F> {
             let first = row.u64_at(off).load(Ordering::Relaxed);
             if null_count == 0 {
                 if first != index && self.sender_moved_on(row) {
-                    return Cursor::Overtaken;
+                    return (Cursor::Overtaken, p);
                 }
                 assert_eq!(
                     first, index,
                     "total order: sender index {s} slot {p} holds index {first}, seq {seq} needs {index}"
                 );
-                self.deliver_slots[s] = p + 1;
-                return Cursor::Data {
-                    off,
-                    len: row.u32_at(off + 12).load(Ordering::Relaxed) as usize,
-                };
+                let len = row.u32_at(off + 12).load(Ordering::Relaxed) as usize;
+                return (Cursor::Data { off, len }, p + 1);
             }
             let last = first + null_count as u64 - 1;
             if !(first..=last).contains(&index) && self.sender_moved_on(row) {
-                return Cursor::Overtaken;
+                return (Cursor::Overtaken, p);
             }
             debug_assert!(
                 index >= first && index <= last,
                 "total order: null run {first}..={last} skips {index}"
             );
-            self.deliver_slots[s] = if index == last { p + 1 } else { p };
-            return Cursor::Null;
+            return (Cursor::Null, if index == last { p + 1 } else { p });
         }
     }
 

@@ -34,6 +34,13 @@ pub enum GroupError {
         /// How long it waited.
         waited_ms: u64,
     },
+    /// Persistent delivery stopped: the log could not be written or
+    /// synced (a full disk, an I/O error). Nothing past what was durable
+    /// was delivered or acknowledged as persisted.
+    #[error("member {rank} stopped persistent delivery: {reason}")]
+    Persist { rank: usize, reason: String },
+    #[error(transparent)]
+    PersistLog(#[from] crate::persist::PersistError),
     #[error("member {rank} could not join group '{group}': {reason}")]
     JoinFailed { rank: usize, group: String, reason: String },
 }

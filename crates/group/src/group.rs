@@ -8,10 +8,11 @@ use spindle_fabric::shm::{ShmFabric, ShmOptions};
 use spindle_fabric::Fabric;
 use spindle_runtime::{monotonic_coarse_ns, Agent, AgentRunner, Idler, ThreadingMode};
 
-use crate::config::GroupConfig;
+use crate::config::{DeliveryMode, GroupConfig};
 use crate::core::GroupCore;
 use crate::layout::SmcLayout;
 use crate::membership::{Upcalls, View};
+use crate::persist::{self, PersistLog};
 use crate::sender::Sender;
 use crate::GroupError;
 
@@ -81,8 +82,32 @@ impl<F: Fabric> Group<F> {
                 fabric.member_rank()
             )));
         }
+        let log = open_log(&fabric, &config)?;
         wait_joined(fabric.as_ref(), &config, &initial)?;
-        let core = GroupCore::new(fabric, &config, layout)?;
+        let mut core = GroupCore::new(fabric, &config, layout)?;
+        if let Some(log) = log {
+            core.attach_log(log);
+        }
+        Ok(Group {
+            core,
+            idler: Idler::new(config.idle),
+            config,
+        })
+    }
+
+    /// [`Group::join`] with a log of the caller's (persistent mode): the
+    /// simulator's in memory, or one a tool opened.
+    pub fn join_with_log(fabric: Arc<F>, config: GroupConfig, log: PersistLog) -> Result<Group<F>, GroupError> {
+        config.validate()?;
+        let layout = SmcLayout::new(&config);
+        let initial = config.initial_ranks();
+        wait_joined(fabric.as_ref(), &config, &initial)?;
+        let mut core = if initial.contains(&fabric.member_rank()) {
+            GroupCore::new(fabric, &config, layout)?
+        } else {
+            GroupCore::new_joiner(fabric, &config, layout)?
+        };
+        core.attach_log(log);
         Ok(Group {
             core,
             idler: Idler::new(config.idle),
@@ -133,6 +158,11 @@ impl<F: Fabric> Group<F> {
         &self.core
     }
 
+    /// The protocol engine, mutable (tools and the simulator: its log).
+    pub fn core_mut(&mut self) -> &mut GroupCore<F> {
+        &mut self.core
+    }
+
     /// Pause (or resume) receiving and delivering; see
     /// [`GroupCore::pause_receive`].
     pub fn pause_receive(&mut self, paused: bool) {
@@ -166,9 +196,23 @@ impl<F: Fabric> Group<F> {
     /// Ask to join a running group without waiting: the returned member
     /// is admitted by later polls ([`Group::is_joining`] turns false).
     pub fn start_join(fabric: Arc<F>, config: GroupConfig) -> Result<Group<F>, GroupError> {
+        let log = open_log(&fabric, &config)?;
+        Group::start_join_with_log(fabric, config, log)
+    }
+
+    /// [`Group::start_join`] with a log of the caller's (persistent mode;
+    /// see [`Group::join_with_log`]).
+    pub fn start_join_with_log(
+        fabric: Arc<F>,
+        config: GroupConfig,
+        log: Option<PersistLog>,
+    ) -> Result<Group<F>, GroupError> {
         config.validate()?;
         let layout = SmcLayout::new(&config);
-        let core = GroupCore::new_joiner(fabric, &config, layout)?;
+        let mut core = GroupCore::new_joiner(fabric, &config, layout)?;
+        if let Some(log) = log {
+            core.attach_log(log);
+        }
         Ok(Group {
             core,
             idler: Idler::new(config.idle),
@@ -285,6 +329,47 @@ impl<F: Fabric> Group<F> {
 type Handler = Box<dyn Upcalls + Send>;
 
 /// Wait until every rank of the first view has joined the fabric.
+/// Persistent mode: open this member's log in `persist_dir`; its sync
+/// thread rings the member's doorbell when the durable frontier moves.
+fn open_log<F: Fabric>(fabric: &Arc<F>, config: &GroupConfig) -> Result<Option<PersistLog>, GroupError> {
+    if config.mode != DeliveryMode::Persistent {
+        return Ok(None);
+    }
+    let rank = fabric.member_rank();
+    let dir = config.persist_dir.as_ref().ok_or_else(|| {
+        GroupError::Config("mode = persistent needs persist_dir (the directory for the members' logs)".into())
+    })?;
+    let path = persist::log_path(dir, &config.name, rank);
+    let ring = Arc::clone(fabric);
+    let (log, recovered) = PersistLog::open(&path, rank, Box::new(move || ring.doorbell().ring()))?;
+    if let Some(d) = &recovered.dropped {
+        eprintln!(
+            "spindle: member {rank}: log {}: dropped {} bytes from offset {} ({}{}); kept beside it",
+            path.display(),
+            d.bytes,
+            d.offset,
+            d.reason,
+            if d.valid_records_after {
+                "; well-formed records follow it: the log is damaged inside, not only cut short"
+            } else {
+                ""
+            }
+        );
+    }
+    if !recovered.records.is_empty() {
+        return Err(GroupError::Persist {
+            rank,
+            reason: format!(
+                "log {} holds {} records of an earlier run; starting over it would mix two histories. \
+                 restarting a group from its logs after a total failure is not built yet: move the log away to start a new history",
+                path.display(),
+                recovered.records.len()
+            ),
+        });
+    }
+    Ok(Some(log))
+}
+
 fn wait_joined(fabric: &dyn Fabric, config: &GroupConfig, initial: &[usize]) -> Result<(), GroupError> {
     let want = initial.iter().fold(0u64, |m, r| m | 1 << r);
     let started = Instant::now();

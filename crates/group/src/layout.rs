@@ -7,7 +7,8 @@
 //!          │ heartbeat         u64   bumped every heartbeat interval while alive
 //!          │ finished          u64   1 once this member is done and waiting to leave
 //!          │ smc_view          u64   view + 1 whose SMC counters these are (0: none yet)
-//!          └ base_slot         u64   ring position where this member's sends in smc_view begin
+//!          │ base_slot         u64   ring position where this member's sends in smc_view begin
+//!          └ persisted_num     u64   persistent mode: every seq below it is in this member's log on disk
 //!  line 1+ ┌ received_num[S]   u64   messages (nulls counted) received from each sender
 //!          └ released_slots[S] u64   ring slots of each sender released, counted from its base_slot
 //!  next    ┌ guard             u64   slots published in this view (from base_slot)  (own line)
@@ -69,7 +70,7 @@ pub fn slot_stride(slot_payload_max: usize) -> usize {
 ///
 /// ```text
 ///  +0  received_frontier u64 | +8 delivered_num u64 | +16 heartbeat u64 | +24 finished u64
-///  +32 smc_view u64          | +40 base_slot u64     | +48 reserved [u64; 2]
+///  +32 smc_view u64          | +40 base_slot u64     | +48 persisted_num u64 | +56 reserved u64
 /// ```
 #[repr(C, align(64))]
 pub struct ProgressLine {
@@ -79,7 +80,8 @@ pub struct ProgressLine {
     pub finished: u64,
     pub smc_view: u64,
     pub base_slot: u64,
-    pub reserved: [u64; 2],
+    pub persisted_num: u64,
+    pub reserved: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<ProgressLine>() == 64);
@@ -89,6 +91,7 @@ const _: () = assert!(std::mem::offset_of!(ProgressLine, heartbeat) == 16);
 const _: () = assert!(std::mem::offset_of!(ProgressLine, finished) == 24);
 const _: () = assert!(std::mem::offset_of!(ProgressLine, smc_view) == 32);
 const _: () = assert!(std::mem::offset_of!(ProgressLine, base_slot) == 40);
+const _: () = assert!(std::mem::offset_of!(ProgressLine, persisted_num) == 48);
 
 /// The membership state every member publishes (Derecho's view-change
 /// columns), one cache line, pushed to every rank when it changes and with
@@ -175,6 +178,7 @@ pub struct SmcLayout {
     pub finished: U64Column,
     pub smc_view: U64Column,
     pub base_slot: U64Column,
+    pub persisted_num: U64Column,
     pub received_num: U64VectorColumn,
     pub released_slots: U64VectorColumn,
     pub guard: U64Column,
@@ -210,6 +214,7 @@ impl SmcLayout {
         let finished = b.u64("finished");
         let smc_view = b.u64("smc_view");
         let base_slot = b.u64("base_slot");
+        let persisted_num = b.u64("persisted_num");
         b.cache_line_break();
         let received_num = b.u64_vector("received_num", senders);
         let released_slots = b.u64_vector("released_slots", senders);
@@ -238,6 +243,10 @@ impl SmcLayout {
         assert_eq!(smc_view.offset(), std::mem::offset_of!(ProgressLine, smc_view));
         assert_eq!(base_slot.offset(), std::mem::offset_of!(ProgressLine, base_slot));
         assert_eq!(
+            persisted_num.offset(),
+            std::mem::offset_of!(ProgressLine, persisted_num)
+        );
+        assert_eq!(
             membership.offset() % 64,
             0,
             "the membership lines are cache-line aligned"
@@ -257,6 +266,7 @@ impl SmcLayout {
             finished,
             smc_view,
             base_slot,
+            persisted_num,
             received_num,
             released_slots,
             guard,

@@ -42,6 +42,7 @@ pub mod group;
 pub mod invariants;
 pub mod layout;
 pub mod membership;
+pub mod persist;
 pub mod send_ring;
 pub mod sender;
 pub mod state_machine;

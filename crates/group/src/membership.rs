@@ -717,9 +717,23 @@ impl<F: Fabric> GroupCore<F> {
                 by: p.origin as usize,
             });
         }
+        // Persistent mode: the log gets what it lacks of the old view up to
+        // the edge, then the view record, synced before the edge is
+        // delivered (a delivery is never ahead of this member's disk).
+        if self.mode == DeliveryMode::Persistent {
+            if !joiner && self.appended_num < p.final_seq {
+                self.persist_through(p.final_seq)?;
+            }
+            let rank = self.my_rank;
+            let old_view = if joiner { crate::persist::JOINED } else { self.view };
+            if let Some(log) = self.persist.as_mut() {
+                log.install_view(p.next_view, old_view, p.final_seq)
+                    .map_err(|reason| GroupError::Persist { rank, reason })?;
+            }
+        }
         // Ragged-edge cleanup: exactly seq < final_seq of the old view
         // (unordered delivery already handed over everything received).
-        if !joiner && self.mode == DeliveryMode::Ordered && self.delivered_num < p.final_seq {
+        if !joiner && self.mode.is_total_order() && self.delivered_num < p.final_seq {
             assert!(
                 p.final_seq <= self.received_frontier,
                 "virtual synchrony: view {} ends at seq {} but member {} received only up to {}",
@@ -732,7 +746,7 @@ impl<F: Fabric> GroupCore<F> {
             self.deliver_range(end, u64::MAX, up)?;
             debug_assert_eq!(self.delivered_num, end, "virtual synchrony: ragged edge not delivered");
         }
-        if !joiner && self.mode == DeliveryMode::Ordered && self.received_frontier > p.final_seq {
+        if !joiner && self.mode.is_total_order() && self.received_frontier > p.final_seq {
             self.counters
                 .add(counters::TRIMMED_MSGS, self.received_frontier - p.final_seq);
         }
@@ -745,7 +759,7 @@ impl<F: Fabric> GroupCore<F> {
         }
         // No loss for a sender that stays: what it published beyond the
         // edge goes out again in the next view.
-        if !joiner && self.mode == DeliveryMode::Ordered {
+        if !joiner && self.mode.is_total_order() {
             self.rewind_trimmed(p.final_seq);
         }
         let members = mask_ranks(p.next_members);

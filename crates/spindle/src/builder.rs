@@ -123,9 +123,18 @@ impl<A: Upcalls> GroupBuilder<A> {
         self
     }
 
-    /// Ordered (atomic multicast, the default) or unordered delivery.
+    /// Ordered (atomic multicast, the default), unordered, or persistent
+    /// delivery (ordered, and delivered once every member has it in its
+    /// on-disk log: set [`GroupBuilder::persist_dir`] too).
     pub fn mode(mut self, mode: DeliveryMode) -> Self {
         self.config.mode = mode;
+        self
+    }
+
+    /// Where persistent mode keeps this member's log
+    /// (`<dir>/<group>-member-<rank>.log`, created if missing).
+    pub fn persist_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.config.persist_dir = Some(dir.into());
         self
     }
 

@@ -63,7 +63,7 @@ impl From<String> for ConfigError {
 
 /// Keys of the `[group]` table, with their defaults (as TOML text; `None`:
 /// required or optional without a default).
-pub const GROUP_KEYS: [(&str, Option<&str>); 19] = [
+pub const GROUP_KEYS: [(&str, Option<&str>); 20] = [
     ("name", None),
     ("transport", Some("\"tcp\"")),
     ("mode", Some("\"ordered\"")),
@@ -83,6 +83,7 @@ pub const GROUP_KEYS: [(&str, Option<&str>); 19] = [
     ("tls_ca", None),
     ("membership", Some("true")),
     ("suspect_timeout_ms", Some("500")),
+    ("persist_dir", None),
 ];
 const MEMBER_KEYS: [&str; 3] = ["id", "address", "listen"];
 /// Key files shorter than this are refused (a guessable key protects nothing).
@@ -124,8 +125,13 @@ pub struct GroupFile {
     /// `group.transport`: `"tcp"`, `"shm"`, or `"ofi"` / `"ofi:<provider>"`
     /// (libfabric; `"ofi"` is its `tcp` provider; needs the `ofi` feature).
     pub transport: String,
-    /// `group.mode`: ordered (atomic multicast) or unordered.
+    /// `group.mode`: ordered (atomic multicast), unordered, or persistent
+    /// (ordered, delivered once on every member's disk).
     pub mode: DeliveryMode,
+    /// `group.persist_dir`: where persistent mode keeps each member's log,
+    /// resolved against the file's directory (required by, and only
+    /// allowed with, `mode = "persistent"`).
+    pub persist_dir: Option<PathBuf>,
     /// `group.senders`: which members send.
     pub senders: SenderSet,
     /// `group.window_slots`: slots in each sender's ring.
@@ -327,6 +333,22 @@ impl GroupFile {
             }
         };
         let key_file = string(&get("key_file"), "group.key_file")?.map(|k| base_dir.join(k));
+        let persist_dir = string(&get("persist_dir"), "group.persist_dir")?.map(|d| base_dir.join(d));
+        match (mode, &persist_dir) {
+            (DeliveryMode::Persistent, None) => {
+                return Err(
+                    "group.mode = \"persistent\" needs group.persist_dir (the directory for the members' logs)"
+                        .to_string(),
+                )
+            }
+            (DeliveryMode::Ordered | DeliveryMode::Unordered, Some(d)) => {
+                return Err(format!(
+                    "group.persist_dir = {}: only used with group.mode = \"persistent\" (mode is \"{mode_text}\")",
+                    d.display()
+                ))
+            }
+            _ => {}
+        }
         if transport == "tcp" || is_ofi(&transport) {
             if key_file.is_none() {
                 return Err(format!(
@@ -351,6 +373,7 @@ impl GroupFile {
             name,
             transport,
             mode,
+            persist_dir,
             senders,
             window_slots,
             slot_payload_max,
@@ -381,6 +404,7 @@ impl GroupFile {
         let mut c = spindle_group::GroupConfig::new(&self.name, self.members.len());
         c.senders = self.senders.clone();
         c.mode = self.mode;
+        c.persist_dir = self.persist_dir.clone();
         c.window_slots = self.window_slots;
         c.slot_payload_max = self.slot_payload_max;
         c.batching = self.batching;
@@ -797,6 +821,22 @@ mod tests {
         );
         let e = parse(&GOOD.replace("window_slots = 256", "tls_cert = \"m0.pem\""), &[]).unwrap_err();
         assert!(e.contains("missing: group.tls_key, group.tls_ca"), "{e}");
+    }
+
+    #[test]
+    fn persistent_mode_takes_a_log_directory_relative_to_the_file() {
+        let f = parse(
+            &GOOD.replace("window_slots = 256", "mode = \"persistent\"\npersist_dir = \"logs\""),
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(f.mode, DeliveryMode::Persistent);
+        assert_eq!(f.persist_dir, Some(PathBuf::from("/etc/spindle/logs")));
+        assert_eq!(f.group_config().expect("valid").persist_dir, f.persist_dir);
+        let e = parse(&GOOD.replace("window_slots = 256", "mode = \"persistent\""), &[]).unwrap_err();
+        assert!(e.contains("needs group.persist_dir"), "{e}");
+        let e = parse(&GOOD.replace("window_slots = 256", "persist_dir = \"logs\""), &[]).unwrap_err();
+        assert!(e.contains("only used with group.mode = \"persistent\""), "{e}");
     }
 
     #[test]

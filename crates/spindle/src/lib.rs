@@ -111,6 +111,8 @@ pub use crate::error::Error;
 pub use crate::group::{Callbacks, Group, RunningGroup};
 pub use crate::transport::{AnyFabric, OfiTransport, TcpTransport, Transport};
 
+/// Persistent mode's on-disk log: its layout, and reading a log back.
+pub use spindle_group::persist;
 pub use spindle_group::{
     Delivery, DeliveryMode, GroupError, Replicated, SendBatch, SendError, SendSlot, SenderSet, StateMachine, Upcalls,
     View,

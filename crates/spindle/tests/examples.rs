@@ -73,6 +73,13 @@ fn hello_shm_delivers_three_messages_in_one_order() {
 }
 
 #[test]
+fn persistent_shm_logs_hold_exactly_what_was_delivered() {
+    let out = run_example("persistent_shm", &[], &[]);
+    assert_eq!(out.matches("holds the same 300, in order").count(), 3, "{out}");
+    assert!(out.contains("OK: every message was on every member's disk"), "{out}");
+}
+
+#[test]
 fn hello_tcp_opens_a_three_member_group_from_its_config_file() {
     let dir = tempfile::tempdir().expect("a directory for the key");
     let mut env: Vec<(String, String)> = free_ports()

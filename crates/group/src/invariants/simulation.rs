@@ -41,6 +41,7 @@ use spindle_runtime::Agent;
 use super::checker::{Checker, Delivered};
 use super::{Logs, ViewEntry, ViewLogs, Violation};
 use crate::layout::SmcLayout;
+use crate::persist::PersistLog;
 use crate::sender::{SendSlot, Sender};
 use crate::{DeliveryMode, Group, GroupAgent, GroupConfig, GroupError, SenderSet};
 
@@ -213,11 +214,17 @@ pub struct SimPlan {
     pub suspect_timeout_ns: u64,
     /// Steps after the workload for everything to settle.
     pub drain_steps_max: u64,
+    /// Persistent mode: per step, the chance that a member's log syncs
+    /// (what its sync thread made durable since the last one).
+    pub sync_per_mille: u64,
 }
 
 const PLAN_STREAM: u64 = 0x504C_414E;
 const WORLD_STREAM: u64 = 0x574F_524C;
 const WORKLOAD_STREAM: u64 = 0x574B_4C44;
+/// Persistent mode's draws (its own stream: plans and runs of the other
+/// modes are what they were before persistent mode existed).
+const PERSIST_STREAM: u64 = 0x5045_5253;
 
 impl SimPlan {
     /// Draw a plan from the seed (independent of everything but the spec).
@@ -278,7 +285,15 @@ impl SimPlan {
             pause: None,
             suspect_timeout_ns: 0,
             drain_steps_max: 4_000,
+            sync_per_mille: 0,
         };
+        // One ordered plan in three is persistent; the draw comes from its
+        // own stream, after everything else.
+        let mut persist_rng = SimRng::new(spec.seed).fork(PERSIST_STREAM);
+        if plan.mode == DeliveryMode::Ordered && persist_rng.chance(333) {
+            plan.mode = DeliveryMode::Persistent;
+            plan.sync_per_mille = persist_rng.range(50, 1000);
+        }
         if class != FaultClass::None {
             plan.draw_delays(&mut rng, n);
         }
@@ -539,6 +554,8 @@ struct Cluster {
     /// Messages sent per member rank.
     sent: Vec<u64>,
     rng: SimRng,
+    /// Persistent mode: when each member's log syncs.
+    persist_rng: SimRng,
     step: u64,
     /// The member whose step is running (for a panic report).
     stepping: Option<usize>,
@@ -591,7 +608,12 @@ impl Cluster {
         let mut ends = vec![MemberEnd::NotStarted; n];
         for fabric in fabrics {
             let rank = fabric.member_rank();
-            let group = Group::join(fabric, config.clone()).map_err(|e| e.to_string())?;
+            let group = if plan.mode == DeliveryMode::Persistent {
+                Group::join_with_log(fabric, config.clone(), PersistLog::memory())
+            } else {
+                Group::join(fabric, config.clone())
+            }
+            .map_err(|e| e.to_string())?;
             senders[rank] = group.sender();
             agents[rank] = Some(Self::agent(group, &inboxes[rank]));
             ends[rank] = MemberEnd::Running;
@@ -610,7 +632,7 @@ impl Cluster {
             .filter(|r| initial.contains(r))
             .collect();
         Ok(Cluster {
-            checker: Checker::with_members(0, &initial, n, &sender_ranks, plan.mode == DeliveryMode::Ordered),
+            checker: Checker::with_members(0, &initial, n, &sender_ranks, plan.mode.is_total_order()),
             spec: spec.clone(),
             world,
             agents,
@@ -623,6 +645,7 @@ impl Cluster {
             view_logs: ViewLogs::new(),
             sent: vec![0; n],
             rng: root.fork(WORKLOAD_STREAM),
+            persist_rng: SimRng::new(spec.seed).fork(PERSIST_STREAM).fork(WORKLOAD_STREAM),
             step: 0,
             stepping: None,
             faults_injected: plan.crash.is_some()
@@ -677,6 +700,7 @@ impl Cluster {
             self.inject_faults();
             self.world.deliver_due();
             self.rng.shuffle(&mut order);
+            self.sync_logs();
             for &m in &order {
                 if self.ends[m] != MemberEnd::Running || !self.rng.chance(self.plan.speed_per_mille[m]) {
                     continue;
@@ -697,6 +721,57 @@ impl Cluster {
         self.final_checks()
     }
 
+    /// Persistent mode: each running member's log syncs with the plan's
+    /// chance (its sync thread finished a write and an fdatasync).
+    fn sync_logs(&mut self) {
+        if self.plan.mode != DeliveryMode::Persistent {
+            return;
+        }
+        for m in 0..self.spec.members {
+            if self.ends[m] != MemberEnd::Running || !self.persist_rng.chance(self.plan.sync_per_mille) {
+                continue;
+            }
+            if let Some(log) = self.agents[m]
+                .as_mut()
+                .and_then(|a| a.group.core_mut().persist_log_mut())
+            {
+                log.sim_sync();
+            }
+        }
+    }
+
+    /// Persistent mode, "persisted before delivered": the deliverer's own
+    /// log has the message on disk, and so has every member of the view
+    /// it was delivered in when that is the deliverer's current view (the
+    /// ragged edge of a view change is delivered once on the disks of the
+    /// members that install the next view, each before it delivers).
+    fn check_persisted(&self, m: usize, view: u64, seq: u64) -> Result<(), Violation> {
+        let missing = |r: usize| {
+            self.agents[r]
+                .as_ref()
+                .and_then(|a| a.group.core().persist_log())
+                .is_some_and(|l| !l.is_durable(view, seq))
+        };
+        if missing(m) {
+            return Err(Violation::new(
+                "persisted before delivered",
+                format!("member {m} delivered seq {seq} of view {view} before its own log had it on disk"),
+            ));
+        }
+        let core = self.group(m).core();
+        if core.view() == view {
+            for &r in &core.view_members {
+                if missing(r) && self.group(r).core().view() == view {
+                    return Err(Violation::new(
+                        "persisted before delivered",
+                        format!("member {m} delivered seq {seq} of view {view} before member {r}'s log had it on disk"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn inject_faults(&mut self) {
         if let Some(CrashPlan { rank, trigger }) = self.plan.crash {
             let due = match trigger {
@@ -709,11 +784,10 @@ impl Cluster {
         }
         if let Some((rank, step)) = self.plan.joiner {
             if step == self.step && self.ends[rank] == MemberEnd::NotStarted {
-                let joined = self
-                    .world
-                    .open(rank)
-                    .map_err(GroupError::from)
-                    .and_then(|f| Group::start_join(Arc::new(f), self.config.clone()));
+                let joined = self.world.open(rank).map_err(GroupError::from).and_then(|f| {
+                    let log = (self.plan.mode == DeliveryMode::Persistent).then(PersistLog::memory);
+                    Group::start_join_with_log(Arc::new(f), self.config.clone(), log)
+                });
                 match joined {
                     Ok(group) => {
                         self.senders[rank] = group.sender();
@@ -905,6 +979,9 @@ impl Cluster {
         let batch = std::mem::take(&mut *self.inboxes[m].lock().expect("inbox"));
         for d in batch {
             self.checker.check(&d).map_err(|v| self.fail(v))?;
+            if self.plan.mode == DeliveryMode::Persistent {
+                self.check_persisted(m, d.view, d.seq).map_err(|v| self.fail(v))?;
+            }
             self.logs.get_mut(&m).expect("log").push(d.to_log_entry());
         }
         Ok(())
@@ -988,14 +1065,14 @@ impl Cluster {
                 .map(|&(i, _, n)| (n - 1) * senders + i as u64 + 1)
                 .max()
                 .unwrap_or(0);
-            if self.plan.mode == DeliveryMode::Ordered && core.delivered_num < need {
+            if self.plan.mode.is_total_order() && core.delivered_num < need {
                 return Err(format!(
                     "member {m} delivered up to seq {} of {need} published in view {}",
                     core.delivered_num, view.id
                 ));
             }
         }
-        if self.plan.mode == DeliveryMode::Ordered {
+        if self.plan.mode.is_total_order() {
             self.survivors_delivered_every_survivors_message(&members)?;
         }
         Ok(())
