@@ -48,7 +48,8 @@ use crate::config::{DeliveryMode, GroupConfig};
 use crate::counters::{self, Counters};
 use crate::layout::{SmcLayout, NULL_COUNT_SKIP, SLOT_HEADER_BYTES};
 use crate::membership::{MembershipState, Upcalls, View};
-use crate::persist::PersistLog;
+use crate::persist::{PersistLog, SenderWord};
+use crate::restart::Replay;
 use crate::send_ring::SendRing;
 use crate::sync::Ordering;
 use crate::GroupError;
@@ -144,6 +145,9 @@ pub struct GroupCore<F: Fabric> {
     /// `deliver_slots` but ahead of it); the durable frontier this member
     /// published in `persisted_num` (every seq below it on disk).
     pub(crate) persist: Option<PersistLog>,
+    /// Persistent mode, after a restart: the history still to hand to
+    /// the application, before anything else.
+    replay: Option<Replay>,
     pub(crate) appended_num: u64,
     append_slots: Vec<u64>,
     pub(crate) persisted_num: u64,
@@ -175,13 +179,24 @@ impl<F: Fabric> GroupCore<F> {
     /// A member's protocol state over a fabric whose rows follow `layout`.
     pub fn new(fabric: Arc<F>, config: &GroupConfig, layout: SmcLayout) -> Result<GroupCore<F>, GroupError> {
         let joining = !config.initial_ranks().contains(&fabric.member_rank());
-        GroupCore::build(fabric, config, layout, joining)
+        GroupCore::build(fabric, config, layout, joining, 0)
+    }
+
+    /// A member of a group restarted after a total failure (persistent
+    /// mode): its first view is `first_view` (see [`crate::restart`]).
+    pub fn new_restarted(
+        fabric: Arc<F>,
+        config: &GroupConfig,
+        layout: SmcLayout,
+        first_view: u64,
+    ) -> Result<GroupCore<F>, GroupError> {
+        GroupCore::build(fabric, config, layout, false, first_view)
     }
 
     /// A member that asks to join a running group (see
     /// [`crate::Group::join_running`]).
     pub fn new_joiner(fabric: Arc<F>, config: &GroupConfig, layout: SmcLayout) -> Result<GroupCore<F>, GroupError> {
-        GroupCore::build(fabric, config, layout, true)
+        GroupCore::build(fabric, config, layout, true, 0)
     }
 
     fn build(
@@ -189,6 +204,7 @@ impl<F: Fabric> GroupCore<F> {
         config: &GroupConfig,
         layout: SmcLayout,
         joining: bool,
+        first_view: u64,
     ) -> Result<GroupCore<F>, GroupError> {
         config.validate()?;
         if fabric.row_len_bytes() < layout.row.row_len_bytes() || fabric.member_count() != config.members {
@@ -235,6 +251,7 @@ impl<F: Fabric> GroupCore<F> {
             delivered_num: 0,
             received_frontier: 0,
             persist: None,
+            replay: None,
             appended_num: 0,
             append_slots: Vec::new(),
             persisted_num: 0,
@@ -256,7 +273,7 @@ impl<F: Fabric> GroupCore<F> {
         if joining {
             core.start_joining()?;
         } else {
-            core.start_first_view(&initial)?;
+            core.start_first_view(first_view, &initial)?;
         }
         Ok(core)
     }
@@ -405,6 +422,9 @@ impl<F: Fabric> GroupCore<F> {
     /// delivery closure is an `Upcalls` too). Never blocks: a pass does at
     /// most a bounded amount of work (one window per sender) and returns.
     pub fn step<U: Upcalls + ?Sized>(&mut self, now_ns: u64, up: &mut U) -> Result<u32, GroupError> {
+        if self.replay.is_some() {
+            return Ok(self.replay_history(up));
+        }
         self.mship.report_first_view(up);
         let mut work = 0u32;
         let smc_running = self.smc_running();
@@ -511,7 +531,7 @@ impl<F: Fabric> GroupCore<F> {
 
     /// Whether a pass would find something to do (cheap; before parking).
     pub fn has_work(&self) -> bool {
-        if self.mship.busy() || self.overtaken {
+        if self.mship.busy() || self.overtaken || self.replay.is_some() {
             return true;
         }
         if let Some(ring) = &self.ring {
@@ -546,6 +566,40 @@ impl<F: Fabric> GroupCore<F> {
     }
 
     // ---- 2b. persist (persistent mode) -----------------------------------
+
+    /// Whether the history of a restart is still being handed over.
+    pub fn is_replaying(&self) -> bool {
+        self.replay.is_some()
+    }
+
+    /// Hand the application the history of a restart (see
+    /// [`crate::restart`]), a bounded batch per pass; the protocol runs
+    /// once it is all handed over.
+    pub fn set_replay(&mut self, replay: Replay) {
+        self.replay = (!replay.messages.is_empty()).then_some(replay);
+    }
+
+    fn replay_history<U: Upcalls + ?Sized>(&mut self, up: &mut U) -> u32 {
+        let Some(replay) = self.replay.as_mut() else { return 0 };
+        let end = (replay.next + DELIVERY_BUDGET_PER_SENDER as usize).min(replay.messages.len());
+        for (view, seq, sender_rank, sender_index, index, bytes) in &replay.messages[replay.next..end] {
+            up.deliver(&Delivery {
+                view: *view,
+                sender_rank: *sender_rank,
+                sender_index: *sender_index,
+                index: *index,
+                seq: *seq,
+                payload: &replay.bytes[bytes.clone()],
+            });
+        }
+        let handed = end - replay.next;
+        replay.next = end;
+        self.counters.add(counters::REPLAYED_MSGS, handed as u64);
+        if end == replay.messages.len() {
+            self.replay = None;
+        }
+        handed as u32
+    }
 
     /// Attach this member's log (persistent mode; [`crate::Group::join`]
     /// opens it in `persist_dir`, the simulator gives one in memory).
@@ -591,6 +645,7 @@ impl<F: Fabric> GroupCore<F> {
                 self.appended_num
             );
             self.persisted_num = durable;
+            self.counters.values[counters::PERSISTED_NUM] = durable;
             // Release: pairs with the Acquire load of `persisted_num` in
             // peers' `stable` (the records below it are on this disk).
             self.row(self.my_rank)
@@ -628,7 +683,8 @@ impl<F: Fabric> GroupCore<F> {
                     // Acquire when receiving it, and stays ours until we release
                     // it after delivering it (delivery follows persistence).
                     let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
-                    log.stage_message(self.view, q, rank, payload);
+                    let sender = SenderWord::new(rank, s, senders as usize);
+                    log.stage_message(self.view, q, sender, payload);
                 }
                 Cursor::Null => {}
                 Cursor::Overtaken => {
@@ -1315,7 +1371,8 @@ impl<F: Fabric> GroupCore<F> {
 
     /// Whether every member of the view has marked itself finished.
     pub fn all_finished(&self) -> bool {
-        self.view_members.iter().all(|&r| self.peer_finished(r))
+        // A restart's history is handed over in full before a finish.
+        self.replay.is_none() && self.view_members.iter().all(|&r| self.peer_finished(r))
     }
 
     /// Copy the private counters into the row for `spindle stat`.

@@ -3,7 +3,7 @@
 //! member's cooperation. Each is a monotonic `u64`.
 
 /// Counter ids are indices into this list; the ids are stable.
-pub const COUNTER_NAMES: [&str; 21] = [
+pub const COUNTER_NAMES: [&str; 23] = [
     "sent_msgs",           // 0 data messages committed by this member
     "sent_bytes",          // 1
     "nulls_sent",          // 2 null messages (counted one by one)
@@ -25,6 +25,8 @@ pub const COUNTER_NAMES: [&str; 21] = [
     "suspicions",          // 18 members this member suspected on its own
     "view",                // 19 the current view id
     "resent_msgs",         // 20 own messages trimmed by a ragged edge and published again in the next view
+    "replayed_msgs",       // 21 persistent mode: history handed to the application at a restart
+    "persisted_num",       // 22 persistent mode: the durable frontier last published (a position)
 ];
 
 pub const SENT_MSGS: usize = 0;
@@ -48,6 +50,8 @@ pub const TRIMMED_MSGS: usize = 17;
 pub const SUSPICIONS: usize = 18;
 pub const VIEW: usize = 19;
 pub const RESENT_MSGS: usize = 20;
+pub const REPLAYED_MSGS: usize = 21;
+pub const PERSISTED_NUM: usize = 22;
 
 /// The progress loop's private copy, flushed to the row once per pass.
 #[derive(Clone, Debug, Default)]

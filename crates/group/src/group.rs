@@ -13,6 +13,7 @@ use crate::core::GroupCore;
 use crate::layout::SmcLayout;
 use crate::membership::{Upcalls, View};
 use crate::persist::{self, PersistLog};
+use crate::restart;
 use crate::sender::Sender;
 use crate::GroupError;
 
@@ -82,12 +83,61 @@ impl<F: Fabric> Group<F> {
                 fabric.member_rank()
             )));
         }
-        let log = open_log(&fabric, &config)?;
+        let opened = open_log(&fabric, &config)?;
         wait_joined(fabric.as_ref(), &config, &initial)?;
-        let mut core = GroupCore::new(fabric, &config, layout)?;
-        if let Some(log) = log {
-            core.attach_log(log);
-        }
+        let Some((mut log, recovered)) = opened else {
+            let core = GroupCore::new(fabric, &config, layout)?;
+            return Ok(Group {
+                core,
+                idler: Idler::new(config.idle),
+                config,
+            });
+        };
+        // Persistent mode: every start compares the members' logs (see
+        // `crate::restart`); a group whose logs are all empty starts anew.
+        let rank = fabric.member_rank();
+        let initial_mask = initial.iter().fold(0u64, |m, r| m | 1 << r);
+        let summary = recovered.summary(initial_mask);
+        let summaries = restart::exchange(fabric.as_ref(), &layout, &summary, &initial, config.join_timeout).map_err(
+            |e| match e {
+                GroupError::JoinFailed { rank, reason, .. } => GroupError::JoinFailed {
+                    rank,
+                    group: config.name.clone(),
+                    reason,
+                },
+                e => e,
+            },
+        )?;
+        let plan = restart::plan(&summaries).map_err(|reason| GroupError::Persist { rank, reason })?;
+        let mut config = config;
+        let mut core = match plan {
+            None => GroupCore::new(fabric, &config, layout)?,
+            Some(plan) => {
+                if let Some(why) = plan.excluded(rank, &summary) {
+                    return Err(GroupError::Persist {
+                        rank,
+                        reason: format!("restart after a total failure: member {rank} does not take part: {why}"),
+                    });
+                }
+                let replay = restart::seal(&mut log, &recovered, &summary, &plan)
+                    .map_err(|reason| GroupError::Persist { rank, reason })?;
+                tracing_line(&format!(
+                    "spindle: member {rank}: restarted from its log: {} messages of views up to {} (view {} cut at seq {}); \
+                     the group goes on in view {} with members {:?}",
+                    replay.messages.len(),
+                    plan.last_view,
+                    plan.last_view,
+                    plan.cut_seq,
+                    plan.first_view,
+                    spindle_fabric::PeerSet(plan.members).iter().collect::<Vec<_>>()
+                ));
+                config.initial_members = Some(spindle_fabric::PeerSet(plan.members).iter().collect());
+                let mut core = GroupCore::new_restarted(fabric, &config, layout, plan.first_view)?;
+                core.set_replay(replay);
+                core
+            }
+        };
+        core.attach_log(log);
         Ok(Group {
             core,
             idler: Idler::new(config.idle),
@@ -196,7 +246,22 @@ impl<F: Fabric> Group<F> {
     /// Ask to join a running group without waiting: the returned member
     /// is admitted by later polls ([`Group::is_joining`] turns false).
     pub fn start_join(fabric: Arc<F>, config: GroupConfig) -> Result<Group<F>, GroupError> {
-        let log = open_log(&fabric, &config)?;
+        let rank = fabric.member_rank();
+        let log = match open_log(&fabric, &config)? {
+            Some((log, recovered)) if recovered.records.is_empty() => Some(log),
+            Some((log, recovered)) => {
+                return Err(GroupError::Persist {
+                    rank,
+                    reason: format!(
+                        "log {} holds {} records of an earlier run: a joiner starts with an empty log \
+                         (it gets the state from the group); move it away, or restart the whole group from the logs",
+                        log.path().map(|p| p.display().to_string()).unwrap_or_default(),
+                        recovered.records.len()
+                    ),
+                })
+            }
+            None => None,
+        };
         Group::start_join_with_log(fabric, config, log)
     }
 
@@ -331,7 +396,10 @@ type Handler = Box<dyn Upcalls + Send>;
 /// Wait until every rank of the first view has joined the fabric.
 /// Persistent mode: open this member's log in `persist_dir`; its sync
 /// thread rings the member's doorbell when the durable frontier moves.
-fn open_log<F: Fabric>(fabric: &Arc<F>, config: &GroupConfig) -> Result<Option<PersistLog>, GroupError> {
+fn open_log<F: Fabric>(
+    fabric: &Arc<F>,
+    config: &GroupConfig,
+) -> Result<Option<(PersistLog, persist::RecoveredLog)>, GroupError> {
     if config.mode != DeliveryMode::Persistent {
         return Ok(None);
     }
@@ -356,18 +424,13 @@ fn open_log<F: Fabric>(fabric: &Arc<F>, config: &GroupConfig) -> Result<Option<P
             }
         );
     }
-    if !recovered.records.is_empty() {
-        return Err(GroupError::Persist {
-            rank,
-            reason: format!(
-                "log {} holds {} records of an earlier run; starting over it would mix two histories. \
-                 restarting a group from its logs after a total failure is not built yet: move the log away to start a new history",
-                path.display(),
-                recovered.records.len()
-            ),
-        });
-    }
-    Ok(Some(log))
+    Ok(Some((log, recovered)))
+}
+
+/// One line on stderr for the person running the program (the group
+/// layer has no logger of its own).
+fn tracing_line(line: &str) {
+    eprintln!("{line}");
 }
 
 fn wait_joined(fabric: &dyn Fabric, config: &GroupConfig, initial: &[usize]) -> Result<(), GroupError> {

@@ -15,6 +15,7 @@
 //!          └ guard_view        u64   view + 1 the guard counts in (read with it: no extra line)
 //!  next    ┌ MembershipLine    64 B  installed view, suspicions, wedge, ack, commit, requests
 //!  next    ┌ ProposalLine      64 B  the next view this member proposed (leader) or acked
+//!  next    ┌ RestartLine       64 B  persistent mode: this member's log summary at a restart
 //!  next    ┌ snapshot          u64 length + snapshot_bytes_max bytes (state for joiners)
 //!  next    ┌ counters[C]       u64   observability, never pushed (see `counters.rs`)
 //!  next    ┌ ring              window_slots × slot_stride bytes
@@ -168,6 +169,43 @@ const _: () = assert!(std::mem::offset_of!(ProposalLine, joiners) == 32);
 const _: () = assert!(std::mem::offset_of!(ProposalLine, snapshot_view) == 40);
 const _: () = assert!(std::mem::offset_of!(ProposalLine, version) == 48);
 
+/// A member's log summary, published once at a start in persistent mode
+/// (restart after a total failure: see [`crate::restart`]).
+///
+/// ```text
+///  +0  valid        u64  RESTART_LINE_VALID once the fields below are written
+///  +8  last_view    u64  the last view the member's log says it installed
+///  +16 last_members u64  that view's members (bit r = rank r)
+///  +24 prev_view    u64  the view before it (flags bit 0: there is one)
+///  +32 prev_final   u64  where that view ended (its final_seq)
+///  +40 frontier     u64  every message of last_view below this seq is in the log
+///  +48 flags        u64  bit 0: prev_view is set; bit 1: the member joined a running group
+///  +56 records      u64  records in the log (0: an empty log)
+/// ```
+#[repr(C, align(64))]
+pub struct RestartLine {
+    pub valid: u64,
+    pub last_view: u64,
+    pub last_members: u64,
+    pub prev_view: u64,
+    pub prev_final: u64,
+    pub frontier: u64,
+    pub flags: u64,
+    pub records: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<RestartLine>() == 64);
+const _: () = assert!(std::mem::offset_of!(RestartLine, last_view) == 8);
+const _: () = assert!(std::mem::offset_of!(RestartLine, last_members) == 16);
+const _: () = assert!(std::mem::offset_of!(RestartLine, prev_view) == 24);
+const _: () = assert!(std::mem::offset_of!(RestartLine, prev_final) == 32);
+const _: () = assert!(std::mem::offset_of!(RestartLine, frontier) == 40);
+const _: () = assert!(std::mem::offset_of!(RestartLine, flags) == 48);
+const _: () = assert!(std::mem::offset_of!(RestartLine, records) == 56);
+
+/// `RestartLine::valid` once written ("RESTART1").
+pub const RESTART_LINE_VALID: u64 = u64::from_le_bytes(*b"RESTART1");
+
 /// Column handles of the SMC row.
 #[derive(Clone, Debug)]
 pub struct SmcLayout {
@@ -185,6 +223,8 @@ pub struct SmcLayout {
     pub guard_view: U64Column,
     /// The [`MembershipLine`], then the [`ProposalLine`] (128 bytes).
     pub membership: BytesColumn,
+    /// The [`RestartLine`] (64 bytes).
+    pub restart: BytesColumn,
     /// Snapshot length (u64), then up to `snapshot_bytes_max` bytes.
     pub snapshot: BytesColumn,
     pub counters: U64VectorColumn,
@@ -223,6 +263,8 @@ impl SmcLayout {
         let guard_view = b.u64("guard_view");
         b.cache_line_break();
         let membership = b.bytes("membership", 128);
+        b.cache_line_break();
+        let restart = b.bytes("restart", std::mem::size_of::<RestartLine>());
         b.cache_line_break();
         let snapshot = b.bytes("snapshot", 8 + config.snapshot_bytes_max);
         b.cache_line_break();
@@ -272,6 +314,7 @@ impl SmcLayout {
             guard,
             guard_view,
             membership,
+            restart,
             snapshot,
             counters,
             ring,

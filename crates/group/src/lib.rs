@@ -43,6 +43,7 @@ pub mod invariants;
 pub mod layout;
 pub mod membership;
 pub mod persist;
+pub mod restart;
 pub mod send_ring;
 pub mod sender;
 pub mod state_machine;

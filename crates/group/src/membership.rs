@@ -345,16 +345,17 @@ impl<F: Fabric> GroupCore<F> {
     // ---- start --------------------------------------------------------------
 
     /// Enter view 0 with `initial` members.
-    pub(crate) fn start_first_view(&mut self, initial: &[usize]) -> Result<(), GroupError> {
-        self.enter_view(0, initial);
+    pub(crate) fn start_first_view(&mut self, first_view: u64, initial: &[usize]) -> Result<(), GroupError> {
+        self.enter_view(first_view, initial);
         let mask = self.view_mask;
         self.update(|c| {
             c.m_store(M_MEMBERS, mask);
-            c.m_store(M_INSTALLED, 0);
+            c.m_store(M_INSTALLED, first_view);
+            c.m_store(M_COMMIT, first_view);
         })?;
         self.tag_view()?;
         self.mship.current = View {
-            id: 0,
+            id: first_view,
             members: initial.to_vec(),
             senders: self.sender_ranks.clone(),
             joined: initial.to_vec(),
@@ -657,12 +658,18 @@ impl<F: Fabric> GroupCore<F> {
     }
 
     /// A new proposal: survivors minus leavers plus joiners; the ragged
-    /// edge is `max(min frontier, max delivered)` over the survivors.
+    /// edge is `max(min frontier, max delivered)` over the survivors (the
+    /// receive frontier; in persistent mode the persisted one).
     fn fresh_proposal(&self, next: u64, survivors: u64) -> Proposal {
         let tag = self.view + 1;
         let mut min_frontier = u64::MAX;
         let mut max_delivered = 0u64;
         let mut leavers = 0u64;
+        let frontier_column = if self.mode == DeliveryMode::Persistent {
+            self.layout.persisted_num.offset()
+        } else {
+            self.layout.received_frontier.offset()
+        };
         for r in PeerSet(survivors).iter() {
             let row = self.row(r);
             // Acquire: pairs with the Release store of `smc_view` in the
@@ -670,9 +677,11 @@ impl<F: Fabric> GroupCore<F> {
             let (frontier, delivered) = if row.u64_at(self.layout.smc_view.offset()).load(Ordering::Acquire) == tag {
                 (
                     // Acquire: pairs with the Release store of the frontier
-                    // in the member's `receive`.
-                    row.u64_at(self.layout.received_frontier.offset())
-                        .load(Ordering::Acquire),
+                    // in the member's `receive` (persistent mode: of
+                    // `persisted_num` in its `persist_received`, so that
+                    // the edge is on every survivor's disk already and a
+                    // restart from any survivor's log finds all of it).
+                    row.u64_at(frontier_column).load(Ordering::Acquire),
                     // Acquire: pairs with the Release store of
                     // `delivered_num` in the member's `store_delivery_progress`.
                     row.u64_at(self.layout.delivered_num.offset()).load(Ordering::Acquire),
@@ -727,7 +736,7 @@ impl<F: Fabric> GroupCore<F> {
             let rank = self.my_rank;
             let old_view = if joiner { crate::persist::JOINED } else { self.view };
             if let Some(log) = self.persist.as_mut() {
-                log.install_view(p.next_view, old_view, p.final_seq)
+                log.install_view(p.next_view, old_view, p.final_seq, p.next_members)
                     .map_err(|reason| GroupError::Persist { rank, reason })?;
             }
         }

@@ -10,8 +10,10 @@
 //!          +4  kind    u32  1: message, 2: view installed
 //!          +8  view    u64  message: the view it was sent in; view record: the new view
 //!          +16 seq     u64  message: its seq in that view; view record: the old view's final_seq
-//!                            (view record payload: the old view, u64; JOINED for a joiner)
-//!          +24 sender  u32  message: sender rank; view record: 0
+//!                            (view record payload: the old view u64 (JOINED for a joiner),
+//!                             then the new view's members u64, bit r = rank r)
+//!          +24 sender  u32  message: sender rank (bits 0-7), its index in the view's
+//!                            sender list (8-15), the view's sender count (16-23); view record: 0
 //!          +28 len     u32  payload bytes
 //!          +32 crc     u32  CRC-32 (IEEE) of bytes +0..+32, then of the payload
 //!          +36 pad     u32  0
@@ -189,6 +191,9 @@ pub struct HistoryMessage<'a> {
     pub view: u64,
     pub seq: u64,
     pub sender_rank: u32,
+    pub sender_index: usize,
+    /// The message's index in its sender's stream (`seq / senders`).
+    pub index: u64,
     pub payload: &'a [u8],
 }
 
@@ -199,12 +204,7 @@ impl RecoveredLog {
     pub fn history(&self) -> Vec<HistoryMessage<'_>> {
         let mut final_seq: std::collections::BTreeMap<u64, u64> = Default::default();
         for r in self.records.iter().filter(|r| r.kind == KIND_VIEW) {
-            let old_view = self
-                .bytes
-                .get(r.payload.clone())
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_le_bytes);
-            if let Some(old) = old_view.filter(|v| *v != JOINED) {
+            if let Some(old) = self.view_record(r).map(|v| v.old_view).filter(|v| *v != JOINED) {
                 final_seq.insert(old, r.seq);
             }
         }
@@ -214,10 +214,101 @@ impl RecoveredLog {
             .map(|r| HistoryMessage {
                 view: r.view,
                 seq: r.seq,
-                sender_rank: r.sender,
+                sender_rank: SenderWord(r.sender).rank() as u32,
+                sender_index: SenderWord(r.sender).sender_index(),
+                index: r.seq / SenderWord(r.sender).senders().max(1) as u64,
                 payload: &self.bytes[r.payload.clone()],
             })
             .collect()
+    }
+}
+
+/// A message record's `sender` field: rank, index in the view's sender
+/// list, and that list's length (each below 256: `MEMBERS_MAX` is 64).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SenderWord(pub u32);
+
+impl SenderWord {
+    pub fn new(rank: usize, sender_index: usize, senders: usize) -> SenderWord {
+        debug_assert!(rank < 256 && sender_index < 256 && senders < 256 && sender_index < senders);
+        SenderWord(rank as u32 | (sender_index as u32) << 8 | (senders as u32) << 16)
+    }
+    pub fn rank(self) -> usize {
+        (self.0 & 0xff) as usize
+    }
+    pub fn sender_index(self) -> usize {
+        (self.0 >> 8 & 0xff) as usize
+    }
+    pub fn senders(self) -> usize {
+        (self.0 >> 16 & 0xff) as usize
+    }
+}
+
+/// A view record's fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ViewRecord {
+    pub new_view: u64,
+    /// The view it followed ([`JOINED`]: the member joined in `new_view`).
+    pub old_view: u64,
+    /// The old view delivered exactly its messages below this seq.
+    pub final_seq: u64,
+    /// The new view's members (bit r = rank r).
+    pub members: u64,
+}
+
+/// What a member's log says about where it stopped: what the members
+/// compare at a restart after a total failure (see `Group::join`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogSummary {
+    /// The last view this member installed (0: the first view).
+    pub last_view: u64,
+    /// Its members (the first view's: the configured initial members).
+    pub last_members: u64,
+    /// The view before it and where that one ended (from the log's last
+    /// view record; `None` in the first view).
+    pub prev: Option<(u64, u64)>,
+    /// Every message of `last_view` below this seq is in the log (the
+    /// last message record's seq + 1; nulls have no record).
+    pub frontier: u64,
+    /// The member joined a running group: its log has no history before.
+    pub joined: bool,
+    /// Records in the log.
+    pub records: u64,
+}
+
+impl RecoveredLog {
+    /// A view record's fields (`None` for a message record, or a view
+    /// record of an older layout).
+    pub fn view_record(&self, r: &RecoveredRecord) -> Option<ViewRecord> {
+        let b = self.bytes.get(r.payload.clone())?;
+        (r.kind == KIND_VIEW && b.len() == 16).then(|| ViewRecord {
+            new_view: r.view,
+            old_view: u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            final_seq: r.seq,
+            members: u64::from_le_bytes(b[8..].try_into().expect("8 bytes")),
+        })
+    }
+
+    /// Where this log stopped; `initial_members` is the first view's
+    /// membership (it has no view record).
+    pub fn summary(&self, initial_members: u64) -> LogSummary {
+        let mut s = LogSummary {
+            last_members: initial_members,
+            records: self.records.len() as u64,
+            ..LogSummary::default()
+        };
+        for r in &self.records {
+            if let Some(v) = self.view_record(r) {
+                s.last_view = v.new_view;
+                s.last_members = v.members;
+                s.prev = (v.old_view != JOINED).then_some((v.old_view, v.final_seq));
+                s.joined |= v.old_view == JOINED;
+                s.frontier = 0;
+            } else if r.view == s.last_view {
+                s.frontier = s.frontier.max(r.seq + 1);
+            }
+        }
+        s
     }
 }
 
@@ -519,8 +610,8 @@ impl PersistLog {
 
     /// Stage message `seq` of `view` (in seq order).
     #[inline]
-    pub fn stage_message(&mut self, view: u64, seq: u64, sender_rank: usize, payload: &[u8]) {
-        encode_record(&mut self.staging, KIND_MESSAGE, view, seq, sender_rank as u32, payload);
+    pub fn stage_message(&mut self, view: u64, seq: u64, sender: SenderWord, payload: &[u8]) {
+        encode_record(&mut self.staging, KIND_MESSAGE, view, seq, sender.0, payload);
     }
 
     /// Every message of `view` below `seq` is staged (nulls have no record).
@@ -595,18 +686,14 @@ impl PersistLog {
     /// Install `new_view` (`old_view` ended at `final_seq`; [`JOINED`]
     /// for a joiner): append the view record and make everything appended
     /// durable before returning (the ragged edge is delivered after this).
-    pub fn install_view(&mut self, new_view: u64, old_view: u64, final_seq: u64) -> Result<(), String> {
+    pub fn install_view(&mut self, new_view: u64, old_view: u64, final_seq: u64, members: u64) -> Result<(), String> {
         if let Some(f) = &self.failed {
             return Err(f.clone());
         }
-        encode_record(
-            &mut self.staging,
-            KIND_VIEW,
-            new_view,
-            final_seq,
-            0,
-            &old_view.to_le_bytes(),
-        );
+        let mut payload = [0u8; 16];
+        payload[..8].copy_from_slice(&old_view.to_le_bytes());
+        payload[8..].copy_from_slice(&members.to_le_bytes());
+        encode_record(&mut self.staging, KIND_VIEW, new_view, final_seq, 0, &payload);
         self.staged_frontier = Frontier { view: new_view, seq: 0 };
         match &mut self.backend {
             Backend::File { shared, .. } => {
@@ -774,14 +861,19 @@ mod tests {
             let (mut log, rec) = PersistLog::open(&path, 1, Box::new(|| {})).unwrap();
             assert!(rec.records.is_empty() && rec.dropped.is_none());
             for seq in 0..5u64 {
-                log.stage_message(0, seq, (seq % 2) as usize, format!("m{seq}").as_bytes());
+                log.stage_message(
+                    0,
+                    seq,
+                    SenderWord::new((seq % 2) as usize, 0, 1),
+                    format!("m{seq}").as_bytes(),
+                );
             }
             log.stage_frontier(0, 5);
             log.commit();
             wait_durable(&mut log, 0, 5);
             // View 1 ends view 0 at seq 3: seqs 3 and 4 were trimmed.
-            log.install_view(1, 0, 3).unwrap();
-            log.stage_message(1, 0, 0, b"n0");
+            log.install_view(1, 0, 3, 0b11).unwrap();
+            log.stage_message(1, 0, SenderWord::new(0, 0, 1), b"n0");
             log.stage_frontier(1, 1);
             log.commit();
             wait_durable(&mut log, 1, 1);
@@ -812,7 +904,7 @@ mod tests {
         {
             let (mut log, _) = PersistLog::open(&path, 0, Box::new(|| {})).unwrap();
             for seq in 0..3u64 {
-                log.stage_message(0, seq, 0, &[seq as u8; 100]);
+                log.stage_message(0, seq, SenderWord::new(0, 0, 1), &[seq as u8; 100]);
             }
             log.stage_frontier(0, 3);
             log.commit();
@@ -837,7 +929,7 @@ mod tests {
         assert_eq!(again.records.len(), 2);
         let aside = path.with_extension(format!("log.dropped-{third}"));
         assert_eq!(std::fs::metadata(&aside).unwrap().len(), d.bytes);
-        log.stage_message(0, 2, 0, b"again");
+        log.stage_message(0, 2, SenderWord::new(0, 0, 1), b"again");
         log.stage_frontier(0, 3);
         log.commit();
         wait_durable(&mut log, 0, 3);
@@ -854,7 +946,7 @@ mod tests {
         {
             let (mut log, _) = PersistLog::open(&path, 0, Box::new(|| {})).unwrap();
             for seq in 0..4u64 {
-                log.stage_message(0, seq, 0, &[7u8; 24]);
+                log.stage_message(0, seq, SenderWord::new(0, 0, 1), &[7u8; 24]);
             }
             log.stage_frontier(0, 4);
             log.commit();
@@ -887,7 +979,7 @@ mod tests {
         let path = dir.join("full.log");
         std::os::unix::fs::symlink("/dev/full", &path).unwrap();
         let (mut log, _) = PersistLog::open(&path, 0, Box::new(|| {})).unwrap();
-        log.stage_message(0, 0, 0, b"x");
+        log.stage_message(0, 0, SenderWord::new(0, 0, 1), b"x");
         log.stage_frontier(0, 1);
         log.commit();
         let mut err = None;
@@ -903,7 +995,7 @@ mod tests {
         }
         let e = err.expect("a write to a full disk fails");
         assert!(e.contains("No space left"), "{e}");
-        assert!(log.install_view(1, 0, 0).is_err());
+        assert!(log.install_view(1, 0, 0, 1).is_err());
     }
 
     proptest::proptest! {

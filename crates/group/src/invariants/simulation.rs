@@ -759,14 +759,29 @@ impl Cluster {
             ));
         }
         let core = self.group(m).core();
-        if core.view() == view {
-            for &r in &core.view_members {
-                if missing(r) && self.group(r).core().view() == view {
-                    return Err(Violation::new(
-                        "persisted before delivered",
-                        format!("member {m} delivered seq {seq} of view {view} before member {r}'s log had it on disk"),
-                    ));
-                }
+        // Delivered in the current view: every member of it has it on
+        // disk. Delivered in the view before (the ragged edge, at the
+        // install): every member of the new view that was in the old one
+        // had it on disk when the view was proposed (the edge is the
+        // smallest persisted frontier over the survivors).
+        let holders: Vec<usize> = if core.view() == view {
+            core.view_members.clone()
+        } else if core.view() == view + 1 {
+            let current = &core.mship.current;
+            core.view_members
+                .iter()
+                .copied()
+                .filter(|r| !current.joined.contains(r))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for r in holders {
+            if missing(r) {
+                return Err(Violation::new(
+                    "persisted before delivered",
+                    format!("member {m} delivered seq {seq} of view {view} before member {r}'s log had it on disk"),
+                ));
             }
         }
         Ok(())

@@ -1,0 +1,354 @@
+//! Restart after a total failure (persistent mode).
+//!
+//! Every member of a persistent group starts by reading its log back
+//! ([`crate::persist::recover`]) and publishing a summary of it, a
+//! [`RestartLine`] in its row: the last view it installed, that view's
+//! members, where the view before it ended, and how far its log goes in
+//! its last view. When every configured member's summary is in, each
+//! member computes the same [`RestartPlan`] from them:
+//!
+//! - `L`, the last view any log reached, and its members;
+//! - the members that can rebuild the state: in `L`, with a complete log
+//!   (not empty, not started by a join), that installed `L` or the view
+//!   before it;
+//! - the cut: the smallest log frontier in `L` over those members (0 for
+//!   a member that had not installed `L` yet).
+//!
+//! **Why nothing delivered is lost.** A message of `L` is delivered only
+//! once every member of `L` has it on disk, so it lies below every such
+//! member's frontier, hence below the cut. A message of an earlier view was
+//! delivered below that view's `final_seq`, which in persistent mode is the
+//! smallest *persisted* frontier over the survivors (see
+//! `membership::fresh_proposal`): every member of the next view had it on
+//! disk before the view was proposed. A member that had not installed `L`
+//! has no message of `L` on disk, so none of `L` was delivered.
+//! **Why nothing is invented.** The history each member replays is read
+//! from its own log: messages that were on its disk, in the total order,
+//! without those a view record trimmed, and below the cut.
+//!
+//! Each member then seals its log (view records that end `L` at the cut,
+//! and the view before it where it had not yet installed `L`), hands the
+//! history to the application (as deliveries, before anything new) and
+//! the group goes on in view `L + 1` with the members that could rebuild
+//! the state. A member that cannot (removed before the failure, joined
+//! late, lost its log) stops with an error that says why: it can join the
+//! running group again with an empty log.
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use spindle_fabric::{Fabric, PeerSet};
+
+use crate::layout::{RestartLine, SmcLayout, RESTART_LINE_VALID};
+use crate::persist::{LogSummary, PersistLog, RecoveredLog};
+use crate::sync::Ordering;
+use crate::GroupError;
+
+const FLAG_PREV: u64 = 1;
+const FLAG_JOINED: u64 = 2;
+
+/// What every member computes from the summaries (the same everywhere).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestartPlan {
+    /// The last view any log reached.
+    pub last_view: u64,
+    pub last_members: u64,
+    /// The view before it and its final seq, where a log knows it.
+    pub prev: Option<(u64, u64)>,
+    /// The history of `last_view` is its messages below this seq.
+    pub cut_seq: u64,
+    /// The members that rebuild the state and form the next view.
+    pub members: u64,
+    /// The restarted group's first view: `last_view + 1`.
+    pub first_view: u64,
+}
+
+impl RestartPlan {
+    /// Why `rank` (with this summary) does not take part, if it does not.
+    pub fn excluded(&self, rank: usize, s: &LogSummary) -> Option<String> {
+        if self.members & (1 << rank) != 0 {
+            return None;
+        }
+        Some(if self.last_members & (1 << rank) == 0 {
+            format!(
+                "its log ends in view {} but the group went on to view {} without it (members {:?}): \
+                 it cannot rebuild the group's state from its log; move the log away and join the running group",
+                s.last_view,
+                self.last_view,
+                PeerSet(self.last_members).iter().collect::<Vec<_>>()
+            )
+        } else if s.records == 0 {
+            format!(
+                "its log is empty but it was a member of the last view {}: its history is gone; \
+                 join the running group with the empty log",
+                self.last_view
+            )
+        } else if s.joined {
+            "it joined a running group, so its log lacks the history before that; \
+             move the log away and join the running group"
+                .to_string()
+        } else {
+            format!(
+                "its log ends in view {}, more than one view before the last view {}",
+                s.last_view, self.last_view
+            )
+        })
+    }
+}
+
+/// The plan from every configured member's summary (`None`: every log is
+/// empty, a first start).
+pub fn plan(summaries: &[(usize, LogSummary)]) -> Result<Option<RestartPlan>, String> {
+    let written: Vec<&(usize, LogSummary)> = summaries.iter().filter(|(_, s)| s.records > 0).collect();
+    let Some(last_view) = written.iter().map(|(_, s)| s.last_view).max() else {
+        return Ok(None);
+    };
+    let at_last: Vec<&LogSummary> = written
+        .iter()
+        .map(|(_, s)| s)
+        .filter(|s| s.last_view == last_view)
+        .collect();
+    let last_members = at_last[0].last_members;
+    if let Some(other) = at_last.iter().find(|s| s.last_members != last_members) {
+        return Err(format!(
+            "the logs disagree on the members of view {last_view}: {:?} and {:?} (logs of different groups?)",
+            PeerSet(last_members).iter().collect::<Vec<_>>(),
+            PeerSet(other.last_members).iter().collect::<Vec<_>>()
+        ));
+    }
+    let prev = at_last.iter().find_map(|s| s.prev);
+    let eligible = |s: &LogSummary| {
+        s.records > 0 && !s.joined && (s.last_view == last_view || prev.is_some_and(|(pv, _)| pv == s.last_view))
+    };
+    let mut members = 0u64;
+    let mut cut_seq = u64::MAX;
+    for (rank, s) in summaries {
+        if last_members & (1 << rank) != 0 && eligible(s) {
+            members |= 1 << rank;
+            cut_seq = cut_seq.min(if s.last_view == last_view { s.frontier } else { 0 });
+        }
+    }
+    if members == 0 {
+        return Err(format!(
+            "no log can rebuild the state: the members of the last view {last_view} ({:?}) have empty or incomplete logs",
+            PeerSet(last_members).iter().collect::<Vec<_>>()
+        ));
+    }
+    Ok(Some(RestartPlan {
+        last_view,
+        last_members,
+        prev,
+        cut_seq,
+        members,
+        first_view: last_view + 1,
+    }))
+}
+
+fn line_bytes(s: &LogSummary) -> [u64; 8] {
+    let (prev_view, prev_final) = s.prev.unwrap_or((0, 0));
+    let flags = if s.prev.is_some() { FLAG_PREV } else { 0 } | if s.joined { FLAG_JOINED } else { 0 };
+    [
+        RESTART_LINE_VALID,
+        s.last_view,
+        s.last_members,
+        prev_view,
+        prev_final,
+        s.frontier,
+        flags,
+        s.records,
+    ]
+}
+
+/// Publish this member's summary and wait (up to `timeout`) for every
+/// rank in `ranks` to publish its own; returns them all, by rank.
+pub fn exchange<F: Fabric>(
+    fabric: &F,
+    layout: &SmcLayout,
+    mine: &LogSummary,
+    ranks: &[usize],
+    timeout: Duration,
+) -> Result<Vec<(usize, LogSummary)>, GroupError> {
+    let me = fabric.member_rank();
+    let base = layout.restart.offset();
+    let row = fabric.row(me);
+    let words = line_bytes(mine);
+    for (i, w) in words.iter().enumerate().skip(1) {
+        row.u64_at(base + 8 * i).store(*w, Ordering::Relaxed);
+    }
+    // Release: pairs with the Acquire load of `valid` below, in the peers
+    // (the fields above are written first).
+    row.u64_at(base).store(words[0], Ordering::Release);
+    let range = base..base + std::mem::size_of::<RestartLine>();
+    let peers = PeerSet(ranks.iter().filter(|r| **r != me).fold(0u64, |m, r| m | 1 << r));
+    let started = Instant::now();
+    let mut last_push: Option<Instant> = None;
+    let mut sleep_us = 20u64;
+    loop {
+        if last_push.is_none_or(|t| t.elapsed() >= Duration::from_millis(20)) {
+            fabric.push(range.clone(), peers)?;
+            fabric.flush();
+            last_push = Some(Instant::now());
+        }
+        fabric.receive_now();
+        let missing: Vec<usize> = ranks
+            .iter()
+            .copied()
+            // Acquire: pairs with the Release store of `valid` above, in
+            // that member (its fields were written before).
+            .filter(|r| fabric.row(*r).u64_at(base).load(Ordering::Acquire) != RESTART_LINE_VALID)
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        if started.elapsed() >= timeout {
+            return Err(GroupError::JoinFailed {
+                rank: me,
+                group: String::new(),
+                reason: format!(
+                    "restart: members {missing:?} did not publish their log summaries within {} ms",
+                    timeout.as_millis()
+                ),
+            });
+        }
+        std::thread::sleep(Duration::from_micros(sleep_us));
+        sleep_us = (sleep_us * 2).min(2_000);
+    }
+    Ok(ranks
+        .iter()
+        .map(|&r| {
+            let row = fabric.row(r);
+            let w = |i: usize| row.u64_at(base + 8 * i).load(Ordering::Relaxed);
+            let flags = w(6);
+            (
+                r,
+                LogSummary {
+                    last_view: w(1),
+                    last_members: w(2),
+                    prev: (flags & FLAG_PREV != 0).then(|| (w(3), w(4))),
+                    frontier: w(5),
+                    joined: flags & FLAG_JOINED != 0,
+                    records: w(7),
+                },
+            )
+        })
+        .collect())
+}
+
+/// The history a restarted member hands its application: its log's
+/// messages in total order, below the plan's cut.
+pub struct Replay {
+    /// (view, seq, sender rank, sender index, index, payload range in `bytes`)
+    pub messages: Vec<(u64, u64, usize, usize, u64, Range<usize>)>,
+    pub bytes: Vec<u8>,
+    /// Messages handed over so far.
+    pub next: usize,
+}
+
+/// Seal this member's log for the plan (the view records that end the
+/// old history at the cut, synced) and return the history to replay.
+pub fn seal(
+    log: &mut PersistLog,
+    recovered: &RecoveredLog,
+    summary: &LogSummary,
+    plan: &RestartPlan,
+) -> Result<Replay, String> {
+    let history = recovered.history();
+    let mut replay = Replay {
+        messages: Vec::with_capacity(history.len()),
+        bytes: Vec::new(),
+        next: 0,
+    };
+    for m in history {
+        let trimmed_prev = plan.prev.is_some_and(|(pv, pf)| m.view == pv && m.seq >= pf);
+        let past_cut = m.view == plan.last_view && m.seq >= plan.cut_seq;
+        if trimmed_prev || past_cut || m.view > plan.last_view {
+            continue;
+        }
+        let at = replay.bytes.len();
+        replay.bytes.extend_from_slice(m.payload);
+        replay.messages.push((
+            m.view,
+            m.seq,
+            m.sender_rank as usize,
+            m.sender_index,
+            m.index,
+            at..replay.bytes.len(),
+        ));
+    }
+    if summary.last_view != plan.last_view {
+        let (pv, pf) = plan.prev.expect("a member one view behind knows where that view ended");
+        log.install_view(plan.last_view, pv, pf, plan.last_members)?;
+    }
+    log.install_view(plan.first_view, plan.last_view, plan.cut_seq, plan.members)?;
+    Ok(replay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(last_view: u64, members: u64, prev: Option<(u64, u64)>, frontier: u64) -> LogSummary {
+        LogSummary {
+            last_view,
+            last_members: members,
+            prev,
+            frontier,
+            joined: false,
+            records: 10,
+        }
+    }
+
+    #[test]
+    fn empty_logs_are_a_first_start() {
+        let empty = LogSummary::default();
+        assert_eq!(plan(&[(0, empty), (1, empty)]).unwrap(), None);
+    }
+
+    #[test]
+    fn the_cut_is_the_smallest_frontier_in_the_last_view() {
+        let p = plan(&[
+            (0, s(0, 0b111, None, 40)),
+            (1, s(0, 0b111, None, 37)),
+            (2, s(0, 0b111, None, 52)),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((p.last_view, p.cut_seq, p.members, p.first_view), (0, 37, 0b111, 1));
+    }
+
+    #[test]
+    fn a_member_one_view_behind_cuts_the_last_view_to_nothing() {
+        // Members 0 and 1 installed view 3 (view 2 ended at 17); member 2
+        // was acknowledged into it but crashed before installing it.
+        let p = plan(&[
+            (0, s(3, 0b111, Some((2, 17)), 9)),
+            (1, s(3, 0b111, Some((2, 17)), 4)),
+            (2, s(2, 0b111, Some((1, 5)), 30)),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (p.last_view, p.prev, p.cut_seq, p.members),
+            (3, Some((2, 17)), 0, 0b111)
+        );
+    }
+
+    #[test]
+    fn a_member_removed_earlier_or_with_an_empty_log_is_told_why() {
+        let mut empty = s(0, 0b011, None, 0);
+        empty.records = 0;
+        let p = plan(&[
+            (0, s(4, 0b011, Some((3, 2)), 6)),
+            (1, s(4, 0b011, Some((3, 2)), 8)),
+            (2, s(1, 0b111, Some((0, 3)), 1)),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((p.members, p.cut_seq), (0b011, 6));
+        let why = p.excluded(2, &s(1, 0b111, Some((0, 3)), 1)).unwrap();
+        assert!(why.contains("went on to view 4 without it"), "{why}");
+        let p = plan(&[(0, s(0, 0b11, None, 6)), (1, empty)]).unwrap().unwrap();
+        assert_eq!(p.members, 0b01);
+        assert!(p.excluded(1, &empty).unwrap().contains("log is empty"));
+    }
+}
