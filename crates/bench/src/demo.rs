@@ -33,9 +33,20 @@ pub struct DemoArgs {
     /// Skip the membership act (a member killed, the view change, a join).
     #[arg(long)]
     no_failure: bool,
+    /// Run only this act: `persistence` (a persistent group, every member
+    /// killed with SIGKILL and restarted from its log: nothing delivered is
+    /// lost) or `membership` (the membership act alone).
+    #[arg(long)]
+    act: Option<String>,
 }
 
 pub fn run(args: DemoArgs) -> Result<(), String> {
+    match args.act.as_deref() {
+        None => {}
+        Some("persistence") => return crate::persist_demo::demo_act(),
+        Some("membership") => return crate::failover::demo_act(),
+        Some(other) => return Err(format!("--act {other}: expected persistence or membership")),
+    }
     if !(1..=16).contains(&args.members) {
         return Err(format!("--members {} must be in 1..=16 for the demo", args.members));
     }

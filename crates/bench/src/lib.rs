@@ -34,6 +34,7 @@ pub mod kv_sim;
 pub mod member;
 pub mod multicast;
 pub mod payload;
+pub mod persist_demo;
 pub mod plot;
 pub mod replica;
 #[cfg(feature = "ofi")]

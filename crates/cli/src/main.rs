@@ -65,6 +65,9 @@ enum Command {
     /// (internal) one member process of a membership run (demo, failover).
     #[command(hide = true)]
     ViewMember(view_member::ViewMemberArgs),
+    /// (internal) one member process of the persistence act of the demo.
+    #[command(hide = true)]
+    PersistMember(spindle_bench::persist_demo::PersistMemberArgs),
 }
 
 fn main() -> ExitCode {
@@ -82,6 +85,7 @@ fn main() -> ExitCode {
         Command::Member(args) => member::run(args),
         Command::BaselineMember(args) => baseline::run_member(args),
         Command::ViewMember(args) => view_member::run(args),
+        Command::PersistMember(args) => spindle_bench::persist_demo::run_member(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

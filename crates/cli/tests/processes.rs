@@ -35,6 +35,21 @@ fn demo_members_deliver_the_same_sequence_and_logs_pass_the_checkers() {
 }
 
 #[test]
+fn demo_persistence_act_kills_every_member_and_loses_nothing_delivered() {
+    let out = run(spindle().args(["demo", "--act", "persistence"]));
+    let t = text(&out);
+    assert!(out.status.success(), "demo --act persistence failed: {t}");
+    assert!(t.contains("every member killed with SIGKILL"), "{t}");
+    assert!(
+        t.contains("all 3 restarted from their logs and agreed on the history"),
+        "{t}"
+    );
+    assert!(t.contains("OK: nothing delivered before the kill was lost"), "{t}");
+    let e = run(spindle().args(["demo", "--act", "nap"]));
+    assert!(!e.status.success() && text(&e).contains("--act nap: expected persistence or membership"));
+}
+
+#[test]
 fn bench_writes_json_with_the_documented_keys_and_unordered_logs_pass() {
     let dir = tempdir();
     let json = dir.path().join("r.json");
