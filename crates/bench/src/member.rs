@@ -225,6 +225,10 @@ struct Tally {
     delivered_by_rank: [u64; spindle_fabric::MEMBERS_MAX],
     /// Sender ranks whose end marker was delivered (runs without a count).
     ended_ranks: u64,
+    /// Messages of an earlier run handed over again from this member's
+    /// persistent log at a restart (views before the first view of this
+    /// run): history, not this run's traffic, so not in the figures above.
+    replayed_msgs: u64,
 }
 
 /// The counter field of a sender's last message in a run without a count
@@ -251,12 +255,19 @@ struct Deliverer<'a> {
     rank: usize,
     self_check: bool,
     views_logged: u64,
+    /// The view this run started in: a delivery from an earlier view is
+    /// the history a persistent restart replays.
+    first_view: u64,
 }
 
 impl spindle_group::Upcalls for Deliverer<'_> {
     #[inline]
     fn deliver(&mut self, d: &spindle_group::Delivery<'_>) {
         let tally = &mut *self.tally;
+        if d.view < self.first_view {
+            tally.replayed_msgs += 1;
+            return;
+        }
         if let Some(log) = tally.log.as_mut() {
             if let Err(e) = log.record(d) {
                 tally.log_error.get_or_insert(e.to_string());
@@ -346,6 +357,7 @@ pub fn run_member_until(spec: &MemberSpec, rank: usize, stop: &AtomicBool) -> Re
         log_error: None,
         delivered_by_rank: [0; spindle_fabric::MEMBERS_MAX],
         ended_ranks: 0,
+        replayed_msgs: 0,
     };
     match spec.transport.as_str() {
         "" | "shm" => {
@@ -466,6 +478,7 @@ fn drive<F: Fabric>(
         rank,
         self_check: spec.self_check,
         views_logged: 0,
+        first_view: group.view().id,
     };
     // On tcp a rate-limited sender waiting for its next send time parks on
     // the doorbell until then (a peer's progress wakes it at once); on shm

@@ -196,6 +196,13 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     });
     let _ = std::fs::remove_dir_all(&result_dir);
     let (r, own, all) = result?;
+    let replayed_msgs = r.counters.get("replayed_msgs").copied().unwrap_or(0);
+    if replayed_msgs > 0 {
+        println!(
+            "member {rank}: replayed {replayed_msgs} messages of earlier runs from its persistent log \
+             (history: not counted below)"
+        );
+    }
     println!(
         "member {rank}: delivered {} messages ({} B) in {:.3} s: {:.3} GB/s, {:.0} msgs/s; sequence digest {}",
         r.delivered_msgs,

@@ -364,3 +364,57 @@ fn a_second_signal_exits_at_once_and_still_removes_the_files() {
     );
     members[0].signal(libc::SIGCONT);
 }
+
+/// A persistent group run twice over the same logs: the second run first
+/// replays the first one's history (said, and not counted as its own
+/// traffic), then delivers exactly its own run's messages.
+#[test]
+fn a_persistent_run_over_an_earlier_log_counts_only_its_own_messages() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let group = unique_group("again");
+    let config = write_group(
+        dir.path(),
+        &group,
+        2,
+        "membership = true\nmode = \"persistent\"\npersist_dir = \"logs-persist\"",
+    );
+    let count = 300u64;
+    let args = ["--count", "300"];
+    for round in 0..2 {
+        let logs = dir.path().join(format!("delivery-{round}"));
+        let mut members: Vec<Member> = (0..2)
+            .map(|id| Member::start(&config, id, &logs, dir.path(), &args))
+            .collect();
+        for m in &mut members {
+            let code = m.wait();
+            assert_eq!(code, 0, "round {round}: member {} failed:\n{}", m.id, m.text());
+            let text = m.text();
+            let own = format!("delivered {} messages", 2 * count);
+            assert!(
+                text.contains(&own),
+                "round {round}: member {} must count this run's {} messages only:\n{text}",
+                m.id,
+                2 * count
+            );
+            let replayed = result_counter(dir.path(), m.id, "replayed_msgs");
+            if round == 0 {
+                assert_eq!(replayed, 0, "a first run has no history:\n{text}");
+            } else {
+                // Everything the first run delivered is history now.
+                assert_eq!(replayed, 2 * count, "member {} replayed:\n{text}", m.id);
+                assert!(
+                    text.contains(&format!("replayed {replayed} messages of earlier runs")),
+                    "member {} does not say it replayed history:\n{text}",
+                    m.id
+                );
+            }
+        }
+        let (lines, _) = check_logs(&logs);
+        for member in 0..2 {
+            for sender in 0..2 {
+                assert_eq!(delivered_from(&lines, member, sender) as u64, count);
+            }
+        }
+    }
+}
