@@ -136,6 +136,10 @@ pub struct GroupConfig {
     /// (`<dir>/<name>-member-<rank>.log`); needed by, and only used in,
     /// [`DeliveryMode::Persistent`].
     pub persist_dir: Option<std::path::PathBuf>,
+    /// Largest message [`crate::Sender::send_large`] accepts (bigger than
+    /// a slot: it travels as fragments, see [`crate::large`]); a member
+    /// passes over a message that claims more.
+    pub large_message_max_bytes: u64,
 }
 
 /// Defaults, shared by the API, the CLI and the docs.
@@ -153,6 +157,9 @@ pub mod defaults {
     pub const SLOT_PAYLOAD_MAX_MAX: usize = 1 << 20;
     /// Ring bytes per sender are capped so a group stays well inside /dev/shm.
     pub const RING_BYTES_MAX: usize = 256 << 20;
+    pub const LARGE_MESSAGE_MAX_BYTES: u64 = 1 << 30;
+    /// Reassembly buffers live in memory: at most 16 GiB per message.
+    pub const LARGE_MESSAGE_MAX_BYTES_MAX: u64 = 16 << 30;
 }
 
 impl GroupConfig {
@@ -175,6 +182,7 @@ impl GroupConfig {
             ack_every_slots: 0,
             track_acks: false,
             persist_dir: None,
+            large_message_max_bytes: defaults::LARGE_MESSAGE_MAX_BYTES,
         }
     }
 
@@ -224,6 +232,13 @@ impl GroupConfig {
                 "slot_payload_max = {} must be in 1..={} (larger messages need the large-message path)",
                 self.slot_payload_max,
                 defaults::SLOT_PAYLOAD_MAX_MAX
+            ));
+        }
+        if self.large_message_max_bytes == 0 || self.large_message_max_bytes > defaults::LARGE_MESSAGE_MAX_BYTES_MAX {
+            return bad(format!(
+                "large_message_max_bytes = {} must be in 1..={}",
+                self.large_message_max_bytes,
+                defaults::LARGE_MESSAGE_MAX_BYTES_MAX
             ));
         }
         if self.snapshot_bytes_max > defaults::SNAPSHOT_BYTES_MAX_MAX {

@@ -46,6 +46,7 @@ use spindle_fabric::{Fabric, FabricError, PeerSet, RowRef};
 
 use crate::config::{DeliveryMode, GroupConfig};
 use crate::counters::{self, Counters};
+use crate::large::{Fragment, Reassembly, LEN_FRAGMENT, LEN_MASK};
 use crate::layout::{SmcLayout, NULL_COUNT_SKIP, SLOT_HEADER_BYTES};
 use crate::membership::{MembershipState, Upcalls, View};
 use crate::persist::{PersistLog, SenderWord};
@@ -56,7 +57,7 @@ use crate::GroupError;
 
 /// One delivered message. `payload` points into the sender's ring and is
 /// valid only during the callback.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct Delivery<'a> {
     /// The view (epoch) it was sent in; static groups have view 0.
     pub view: u64,
@@ -91,8 +92,9 @@ const DELIVERY_BYTES_BUDGET: u64 = 256 << 10;
 
 /// Where a sender's delivery cursor stopped ([`GroupCore::advance_cursor`]).
 enum Cursor {
-    /// A data message: its slot's offset in the sender's row and its length.
-    Data { off: usize, len: usize },
+    /// A data message: its slot's offset in the sender's row, its length,
+    /// and whether it is a fragment of a large message.
+    Data { off: usize, len: usize, fragment: bool },
     /// The message index is a null (passed, nothing delivered).
     Null,
     /// The sender moved on to a newer view and reused the slot.
@@ -148,6 +150,8 @@ pub struct GroupCore<F: Fabric> {
     /// Persistent mode, after a restart: the history still to hand to
     /// the application, before anything else.
     replay: Option<Replay>,
+    /// Large messages being put together, per view sender.
+    pub(crate) large: Reassembly,
     pub(crate) appended_num: u64,
     append_slots: Vec<u64>,
     pub(crate) persisted_num: u64,
@@ -252,6 +256,10 @@ impl<F: Fabric> GroupCore<F> {
             received_frontier: 0,
             persist: None,
             replay: None,
+            large: Reassembly::new(
+                config.senders.ranks(config.members).len(),
+                config.large_message_max_bytes,
+            ),
             appended_num: 0,
             append_slots: Vec::new(),
             persisted_num: 0,
@@ -310,6 +318,7 @@ impl<F: Fabric> GroupCore<F> {
         self.received_frontier = 0;
         self.appended_num = 0;
         self.append_slots = vec![0; senders];
+        self.large.resize(senders);
         self.persisted_num = 0;
         self.null_target = 0;
         self.counters.values[counters::VIEW] = view;
@@ -582,15 +591,22 @@ impl<F: Fabric> GroupCore<F> {
     fn replay_history<U: Upcalls + ?Sized>(&mut self, up: &mut U) -> u32 {
         let Some(replay) = self.replay.as_mut() else { return 0 };
         let end = (replay.next + DELIVERY_BUDGET_PER_SENDER as usize).min(replay.messages.len());
-        for (view, seq, sender_rank, sender_index, index, bytes) in &replay.messages[replay.next..end] {
-            up.deliver(&Delivery {
-                view: *view,
-                sender_rank: *sender_rank,
-                sender_index: *sender_index,
-                index: *index,
-                seq: *seq,
-                payload: &replay.bytes[bytes.clone()],
-            });
+        for m in &replay.messages[replay.next..end] {
+            if replay.view != Some(m.view) {
+                // The history crosses a view change: what was half put
+                // together was dropped at that install (see `large`).
+                self.large.drop_partials();
+                replay.view = Some(m.view);
+            }
+            let d = Delivery {
+                view: m.view,
+                sender_rank: m.sender_rank,
+                sender_index: m.sender_index,
+                index: m.index,
+                seq: m.seq,
+                payload: &replay.bytes[m.bytes.clone()],
+            };
+            hand_over(&mut self.large, &mut self.counters, up, &d, m.fragment);
         }
         let handed = end - replay.next;
         replay.next = end;
@@ -678,12 +694,15 @@ impl<F: Fabric> GroupCore<F> {
             let row = fabric.row(rank);
             let (cursor, p) = self.locate(row, s, self.append_slots[s], index, q);
             match cursor {
-                Cursor::Data { off, len } => {
+                Cursor::Data { off, len, fragment } => {
                     // SAFETY: the slot was published by the guard we loaded with
                     // Acquire when receiving it, and stays ours until we release
                     // it after delivering it (delivery follows persistence).
                     let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
-                    let sender = SenderWord::new(rank, s, senders as usize);
+                    let mut sender = SenderWord::new(rank, s, senders as usize);
+                    if fragment {
+                        sender = sender.fragment();
+                    }
                     log.stage_message(self.view, q, sender, payload);
                 }
                 Cursor::Null => {}
@@ -729,7 +748,7 @@ impl<F: Fabric> GroupCore<F> {
             me.u64_at(off).store(self.next_msg_index, Ordering::Relaxed);
             if null_count == 0 {
                 data_msgs += 1;
-                data_bytes += me.u32_at(off + 12).load(Ordering::Relaxed) as u64;
+                data_bytes += (me.u32_at(off + 12).load(Ordering::Relaxed) & LEN_MASK) as u64;
                 self.next_msg_index += 1;
             } else {
                 self.next_msg_index += null_count as u64;
@@ -791,7 +810,7 @@ impl<F: Fabric> GroupCore<F> {
     #[inline]
     fn slot_used_bytes(&self, p: u64) -> usize {
         let off = self.layout.slot_offset(p);
-        let len = self.row(self.my_rank).u32_at(off + 12).load(Ordering::Relaxed) as usize;
+        let len = (self.row(self.my_rank).u32_at(off + 12).load(Ordering::Relaxed) & LEN_MASK) as usize;
         SLOT_HEADER_BYTES + len.min(self.layout.slot_stride - SLOT_HEADER_BYTES)
     }
 
@@ -882,22 +901,25 @@ impl<F: Fabric> GroupCore<F> {
             if null_count == 0 {
                 msgs += 1;
                 if self.mode == DeliveryMode::Unordered {
-                    let len = row.u32_at(off + 12).load(Ordering::Relaxed) as usize;
+                    let len = row.u32_at(off + 12).load(Ordering::Relaxed);
                     // SAFETY: the guard (Acquire above) published this slot, and
                     // the sender cannot reuse it before we release it (we publish
                     // released_slots only after this callback returns).
-                    let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
+                    let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, (len & LEN_MASK) as usize) };
                     let seq = index * senders + i as u64;
-                    up.deliver(&Delivery {
+                    let d = Delivery {
                         view: self.view,
                         sender_rank: rank,
                         sender_index: i,
                         index,
                         seq,
                         payload,
-                    });
-                    self.counters.add(counters::DELIVERED_MSGS, 1);
-                    self.counters.add(counters::DELIVERED_BYTES, len as u64);
+                    };
+                    if let Some(bytes) = hand_over(&mut self.large, &mut self.counters, up, &d, len & LEN_FRAGMENT != 0)
+                    {
+                        self.counters.add(counters::DELIVERED_MSGS, 1);
+                        self.counters.add(counters::DELIVERED_BYTES, bytes as u64);
+                    }
                 }
             } else {
                 msgs += null_count as u64;
@@ -1129,27 +1151,30 @@ impl<F: Fabric> GroupCore<F> {
         let senders = self.sender_ranks.len() as u64;
         let start = self.delivered_num;
         let (mut index, mut s) = (start / senders, (start % senders) as usize);
-        let (mut delivered, mut bytes) = (0u64, 0u64);
+        let (mut delivered, mut bytes, mut delivered_bytes) = (0u64, 0u64, 0u64);
         let fabric = Arc::clone(&self.fabric);
         let mut q = start;
         while q < end {
             let rank = self.sender_ranks[s];
             let row = fabric.row(rank);
             match self.advance_cursor(row, s, index, q) {
-                Cursor::Data { off, len } => {
+                Cursor::Data { off, len, fragment } => {
                     // SAFETY: the slot was published by the guard we loaded with
                     // Acquire when receiving it, and stays ours until we store
                     // released_slots past it (after this callback returns).
                     let payload = unsafe { row.bytes(off + SLOT_HEADER_BYTES, len) };
-                    up.deliver(&Delivery {
+                    let d = Delivery {
                         view: self.view,
                         sender_rank: rank,
                         sender_index: s,
                         index,
                         seq: q,
                         payload,
-                    });
-                    delivered += 1;
+                    };
+                    if let Some(n) = hand_over(&mut self.large, &mut self.counters, up, &d, fragment) {
+                        delivered += 1;
+                        delivered_bytes += n as u64;
+                    }
                     bytes += len as u64;
                 }
                 Cursor::Null => up.null_passed(self.view, rank, index),
@@ -1181,7 +1206,7 @@ impl<F: Fabric> GroupCore<F> {
         self.store_delivery_progress();
         self.counters.add(counters::DELIVERY_BATCHES, 1);
         self.counters.add(counters::DELIVERED_MSGS, delivered);
-        self.counters.add(counters::DELIVERED_BYTES, bytes);
+        self.counters.add(counters::DELIVERED_BYTES, delivered_bytes);
         Ok((q - start) as u32)
     }
 
@@ -1264,8 +1289,16 @@ impl<F: Fabric> GroupCore<F> {
                     first, index,
                     "total order: sender index {s} slot {p} holds index {first}, seq {seq} needs {index}"
                 );
-                let len = row.u32_at(off + 12).load(Ordering::Relaxed) as usize;
-                return (Cursor::Data { off, len }, p + 1);
+                let len = row.u32_at(off + 12).load(Ordering::Relaxed);
+                let fragment = len & LEN_FRAGMENT != 0;
+                return (
+                    Cursor::Data {
+                        off,
+                        len: (len & LEN_MASK) as usize,
+                        fragment,
+                    },
+                    p + 1,
+                );
             }
             let last = first + null_count as u64 - 1;
             if !(first..=last).contains(&index) && self.sender_moved_on(row) {
@@ -1404,6 +1437,41 @@ impl<F: Fabric> GroupCore<F> {
             received_frontier: self.received_frontier,
             stable: self.stable(),
             delivered_num: self.delivered_num,
+        }
+    }
+}
+
+/// Hand one delivered data slot to the application: a message as it is,
+/// a fragment of a large message to the reassembly (see [`crate::large`]),
+/// which hands over the whole message at its last fragment. Returns the
+/// bytes delivered, or `None` when nothing was (a fragment taken or
+/// passed over: it passes as a null, so every index is accounted for).
+#[inline]
+fn hand_over<U: Upcalls + ?Sized>(
+    large: &mut Reassembly,
+    counters: &mut Counters,
+    up: &mut U,
+    d: &Delivery<'_>,
+    fragment: bool,
+) -> Option<usize> {
+    if !fragment {
+        up.deliver(d);
+        return Some(d.payload.len());
+    }
+    let (taken, cut) = large.take(d.sender_index, d.payload);
+    if let Some(cut) = cut {
+        counters.add(counters::LARGE_MSGS_CUT, 1);
+        up.large_message_cut(d.view, d.sender_rank, cut.message_id, cut.len_bytes);
+    }
+    match taken {
+        Fragment::Complete(whole) => {
+            counters.add(counters::LARGE_MSGS, 1);
+            up.deliver(&Delivery { payload: whole, ..*d });
+            Some(whole.len())
+        }
+        Fragment::Pending | Fragment::PassedOver => {
+            up.null_passed(d.view, d.sender_rank, d.index);
+            None
         }
     }
 }

@@ -3,7 +3,7 @@
 //! member's cooperation. Each is a monotonic `u64`.
 
 /// Counter ids are indices into this list; the ids are stable.
-pub const COUNTER_NAMES: [&str; 23] = [
+pub const COUNTER_NAMES: [&str; 25] = [
     "sent_msgs",           // 0 data messages committed by this member
     "sent_bytes",          // 1
     "nulls_sent",          // 2 null messages (counted one by one)
@@ -27,6 +27,8 @@ pub const COUNTER_NAMES: [&str; 23] = [
     "resent_msgs",         // 20 own messages trimmed by a ragged edge and published again in the next view
     "replayed_msgs",       // 21 persistent mode: history handed to the application at a restart
     "persisted_num",       // 22 persistent mode: the durable frontier last published (a position)
+    "large_msgs",          // 23 large messages delivered (each also one of delivered_msgs)
+    "large_msgs_cut", // 24 large messages dropped half-assembled: cut by a view change or abandoned by their sender
 ];
 
 pub const SENT_MSGS: usize = 0;
@@ -52,6 +54,8 @@ pub const VIEW: usize = 19;
 pub const RESENT_MSGS: usize = 20;
 pub const REPLAYED_MSGS: usize = 21;
 pub const PERSISTED_NUM: usize = 22;
+pub const LARGE_MSGS: usize = 23;
+pub const LARGE_MSGS_CUT: usize = 24;
 
 /// The progress loop's private copy, flushed to the row once per pass.
 #[derive(Clone, Debug, Default)]

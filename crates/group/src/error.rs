@@ -41,6 +41,8 @@ pub enum GroupError {
     Persist { rank: usize, reason: String },
     #[error(transparent)]
     PersistLog(#[from] crate::persist::PersistError),
+    #[error(transparent)]
+    Send(#[from] SendError),
     #[error("member {rank} could not join group '{group}': {reason}")]
     JoinFailed { rank: usize, group: String, reason: String },
 }
@@ -53,8 +55,16 @@ pub enum SendError {
     /// so it is safe inside a delivery callback).
     #[error("send window full: every slot is still in use by some member (back-pressure); retry later")]
     WouldBlock,
-    #[error("payload of {len} bytes is larger than the slot payload size of {slot_payload_max} bytes")]
+    #[error("payload of {len} bytes is larger than the slot payload size of {slot_payload_max} bytes (send it with Sender::send_large)")]
     TooLarge { len: usize, slot_payload_max: usize },
+    /// A large message longer than the group's `large_message_max_bytes`,
+    /// or a group whose slots are too small to carry fragments.
+    #[error("large message of {len} bytes refused: {reason}")]
+    LargeRefused { len: u64, reason: String },
+    /// Another [`crate::LargeSend`] of this member is in progress: a
+    /// member sends one large message at a time (small ones go beside it).
+    #[error("another large message of this member is still being sent: finish or drop its LargeSend first")]
+    LargeInProgress,
     #[error("member {rank} is not a sender in this view")]
     NotASender { rank: usize },
     #[error("the group has stopped")]

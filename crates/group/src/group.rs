@@ -15,7 +15,7 @@ use crate::membership::{Upcalls, View};
 use crate::persist::{self, PersistLog};
 use crate::restart;
 use crate::sender::Sender;
-use crate::GroupError;
+use crate::{GroupError, SendError};
 
 /// One member of a group. In invoker mode the application drives it with
 /// [`Group::poll`]; [`Group::spawn`] moves it onto a progress thread.
@@ -195,10 +195,10 @@ impl<F: Fabric> Group<F> {
 
     /// A sending handle, if this member is a sender.
     pub fn sender(&self) -> Option<Sender<F>> {
-        self.core
-            .ring
-            .as_ref()
-            .map(|ring| Sender::new(self.core.fabric().clone(), ring.clone(), self.core.layout.clone()))
+        self.core.ring.as_ref().map(|ring| {
+            Sender::new(self.core.fabric().clone(), ring.clone(), self.core.layout.clone())
+                .with_large_message_max(self.config.large_message_max_bytes)
+        })
     }
 
     pub fn config(&self) -> &GroupConfig {
@@ -228,6 +228,24 @@ impl<F: Fabric> Group<F> {
     /// pass does a bounded amount of work (at most one window per sender)
     /// and returns how much it did (0: nothing to do).
     #[inline]
+    /// Send `message`, of any length up to the group's
+    /// `large_message_max_bytes`, and return once every fragment is in the
+    /// window (see [`Sender::send_large`]), running the progress loop
+    /// (deliveries to `app`) while the window is full. For a sender that
+    /// drives its group from one thread; [`crate::LargeSend`] is the
+    /// non-blocking form.
+    pub fn send_large<U: Upcalls + ?Sized>(&mut self, message: &[u8], app: &mut U) -> Result<(), GroupError> {
+        let sender = self.sender().ok_or(SendError::NotASender {
+            rank: self.core.my_rank,
+        })?;
+        let mut tx = sender.send_large(message.len())?;
+        while !tx.push(message)? {
+            let work = self.poll(app)?;
+            self.idle(work);
+        }
+        Ok(())
+    }
+
     pub fn poll<U: Upcalls + ?Sized>(&mut self, app: &mut U) -> Result<u32, GroupError> {
         self.core.step(monotonic_coarse_ns(), app)
     }

@@ -66,6 +66,13 @@ pub trait Upcalls {
     /// records both can prove it has no gaps. Called once per null index,
     /// in total order; the default ignores it.
     fn null_passed(&mut self, _view: u64, _sender_rank: usize, _index: u64) {}
+    /// Large message `message_id` of `sender_rank` (see
+    /// [`crate::LargeSend::message_id`]), `len_bytes` long, begun in
+    /// `view`, is delivered nowhere: a view change cut it (every member of
+    /// the view drops it alike, see [`crate::large`]), or its sender
+    /// dropped its [`crate::LargeSend`] half way. The sender (a member
+    /// too) is told as well: send it again. The default ignores it.
+    fn large_message_cut(&mut self, _view: u64, _sender_rank: usize, _message_id: u64, _len_bytes: u64) {}
     /// A new view was installed (after the old view's last delivery and
     /// before the new view's first).
     fn view_installed(&mut self, _view: &View) {}
@@ -758,6 +765,12 @@ impl<F: Fabric> GroupCore<F> {
         if !joiner && self.mode.is_total_order() && self.received_frontier > p.final_seq {
             self.counters
                 .add(counters::TRIMMED_MSGS, self.received_frontier - p.final_seq);
+        }
+        // Virtual synchrony for large messages: a half-assembled one (the
+        // same prefix at every survivor, by the edge) is delivered nowhere.
+        for (s, cut) in self.large.drop_partials() {
+            self.counters.add(counters::LARGE_MSGS_CUT, 1);
+            up.large_message_cut(self.view, self.sender_ranks[s], cut.message_id, cut.len_bytes);
         }
         // Snapshot for the joiners, from the lowest old member that stays
         // (a joiner knows the old members as those not joining).

@@ -194,6 +194,8 @@ pub struct HistoryMessage<'a> {
     pub sender_index: usize,
     /// The message's index in its sender's stream (`seq / senders`).
     pub index: u64,
+    /// A fragment of a large message (see [`crate::large`]).
+    pub fragment: bool,
     pub payload: &'a [u8],
 }
 
@@ -217,6 +219,7 @@ impl RecoveredLog {
                 sender_rank: SenderWord(r.sender).rank() as u32,
                 sender_index: SenderWord(r.sender).sender_index(),
                 index: r.seq / SenderWord(r.sender).senders().max(1) as u64,
+                fragment: SenderWord(r.sender).is_fragment(),
                 payload: &self.bytes[r.payload.clone()],
             })
             .collect()
@@ -242,7 +245,18 @@ impl SenderWord {
     pub fn senders(self) -> usize {
         (self.0 >> 16 & 0xff) as usize
     }
+    /// The same word for a fragment of a large message (bit 24).
+    pub fn fragment(self) -> SenderWord {
+        SenderWord(self.0 | SENDER_WORD_FRAGMENT)
+    }
+    pub fn is_fragment(self) -> bool {
+        self.0 & SENDER_WORD_FRAGMENT != 0
+    }
 }
+
+/// Bit of a [`SenderWord`]: the record is a fragment of a large message
+/// (see [`crate::large`]).
+pub const SENDER_WORD_FRAGMENT: u32 = 1 << 24;
 
 /// A view record's fields.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -234,14 +234,28 @@ pub fn exchange<F: Fabric>(
         .collect())
 }
 
+/// One message of a restart's history.
+pub struct ReplayMessage {
+    pub view: u64,
+    pub seq: u64,
+    pub sender_rank: usize,
+    pub sender_index: usize,
+    pub index: u64,
+    /// A fragment of a large message (see [`crate::large`]).
+    pub fragment: bool,
+    /// Its payload in [`Replay::bytes`].
+    pub bytes: Range<usize>,
+}
+
 /// The history a restarted member hands its application: its log's
 /// messages in total order, below the plan's cut.
 pub struct Replay {
-    /// (view, seq, sender rank, sender index, index, payload range in `bytes`)
-    pub messages: Vec<(u64, u64, usize, usize, u64, Range<usize>)>,
+    pub messages: Vec<ReplayMessage>,
     pub bytes: Vec<u8>,
     /// Messages handed over so far.
     pub next: usize,
+    /// The view of the last message handed over.
+    pub view: Option<u64>,
 }
 
 /// Seal this member's log for the plan (the view records that end the
@@ -257,6 +271,7 @@ pub fn seal(
         messages: Vec::with_capacity(history.len()),
         bytes: Vec::new(),
         next: 0,
+        view: None,
     };
     for m in history {
         let trimmed_prev = plan.prev.is_some_and(|(pv, pf)| m.view == pv && m.seq >= pf);
@@ -266,14 +281,15 @@ pub fn seal(
         }
         let at = replay.bytes.len();
         replay.bytes.extend_from_slice(m.payload);
-        replay.messages.push((
-            m.view,
-            m.seq,
-            m.sender_rank as usize,
-            m.sender_index,
-            m.index,
-            at..replay.bytes.len(),
-        ));
+        replay.messages.push(ReplayMessage {
+            view: m.view,
+            seq: m.seq,
+            sender_rank: m.sender_rank as usize,
+            sender_index: m.sender_index,
+            index: m.index,
+            fragment: m.fragment,
+            bytes: at..replay.bytes.len(),
+        });
     }
     if summary.last_view != plan.last_view {
         let (pv, pf) = plan.prev.expect("a member one view behind knows where that view ended");

@@ -37,6 +37,10 @@ pub struct SendRing {
     /// Sends refused because the window was full.
     pub backpressure: CachePadded<AtomicU64>,
     stopped: AtomicBool,
+    /// A [`crate::LargeSend`] holds it while it sends (one at a time).
+    pub(crate) large_in_progress: AtomicBool,
+    /// Large messages started (the next one's id).
+    pub(crate) large_started: AtomicU64,
 }
 
 impl SendRing {
@@ -49,6 +53,8 @@ impl SendRing {
             window_slots: window_slots as u64,
             backpressure: CachePadded::new(AtomicU64::new(0)),
             stopped: AtomicBool::new(false),
+            large_in_progress: AtomicBool::new(false),
+            large_started: AtomicU64::new(0),
         }
     }
 

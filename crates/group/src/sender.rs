@@ -14,11 +14,20 @@
 //!  while let Some(mut slot) = batch.next_slot() { ..; slot.commit(); }
 //!  // dropping the batch publishes its untaken slots as skip slots
 //! ```
+//!
+//! A message bigger than a slot goes as fragments (see [`crate::large`]),
+//! as many per call as the window has room for:
+//!
+//! ```text
+//!  let mut tx = sender.send_large(message.len())?;  // one at a time per member
+//!  while !tx.push(&message)? { group.poll(&mut app)?; }
+//! ```
 
 use std::sync::Arc;
 
 use spindle_fabric::Fabric;
 
+use crate::large::{FragmentHeader, FRAGMENT_HEADER_BYTES, LEN_FRAGMENT};
 use crate::layout::{SmcLayout, NULL_COUNT_SKIP, SLOT_HEADER_BYTES};
 use crate::send_ring::SendRing;
 use crate::sync::Ordering;
@@ -29,6 +38,8 @@ pub struct Sender<F: Fabric> {
     fabric: Arc<F>,
     ring: Arc<SendRing>,
     layout: Arc<SmcLayout>,
+    /// The group's `large_message_max_bytes`.
+    large_message_max_bytes: u64,
 }
 
 impl<F: Fabric> Clone for Sender<F> {
@@ -37,13 +48,78 @@ impl<F: Fabric> Clone for Sender<F> {
             fabric: self.fabric.clone(),
             ring: self.ring.clone(),
             layout: self.layout.clone(),
+            large_message_max_bytes: self.large_message_max_bytes,
         }
     }
 }
 
 impl<F: Fabric> Sender<F> {
     pub(crate) fn new(fabric: Arc<F>, ring: Arc<SendRing>, layout: Arc<SmcLayout>) -> Sender<F> {
-        Sender { fabric, ring, layout }
+        Sender {
+            fabric,
+            ring,
+            layout,
+            large_message_max_bytes: crate::config::defaults::LARGE_MESSAGE_MAX_BYTES,
+        }
+    }
+
+    pub(crate) fn with_large_message_max(mut self, bytes: u64) -> Sender<F> {
+        self.large_message_max_bytes = bytes;
+        self
+    }
+
+    /// Start sending a message of `len` bytes, bigger than a slot (one
+    /// that fits goes whole in one fragment too, but [`Sender::send`] is
+    /// cheaper for it): [`LargeSend::push`] copies it into the window as
+    /// fragments, as many per call as there is room for. The group
+    /// delivers it as one message, in the total order, at every member
+    /// or (cut by a view change) at none. One at a time per member: a
+    /// second returns [`SendError::LargeInProgress`] until the first is
+    /// done or dropped.
+    pub fn send_large(&self, len: usize) -> Result<LargeSend<F>, SendError> {
+        let refuse = |reason: String| SendError::LargeRefused {
+            len: len as u64,
+            reason,
+        };
+        // A multiple of 8: every fragment's bytes start 8-aligned in the
+        // message (and 16-aligned in the slot), so a writer filling in
+        // place (`LargeSend::push_with`) works in whole words.
+        let fragment_bytes_max = self.layout.slot_payload_max.saturating_sub(FRAGMENT_HEADER_BYTES) & !7;
+        if fragment_bytes_max == 0 {
+            return Err(refuse(format!(
+                "slot_payload_max = {} leaves no room for a fragment (its header takes {FRAGMENT_HEADER_BYTES} B)",
+                self.layout.slot_payload_max
+            )));
+        }
+        if len == 0 {
+            return Err(refuse(
+                "an empty message is not a large one: send it with Sender::send".into(),
+            ));
+        }
+        if len as u64 > self.large_message_max_bytes {
+            return Err(refuse(format!(
+                "larger than the group's large_message_max_bytes = {}",
+                self.large_message_max_bytes
+            )));
+        }
+        if self.ring.is_stopped() {
+            return Err(SendError::Stopped);
+        }
+        // Acquire: pairs with the Release store in `LargeSend::drop` (the
+        // previous large send's slots were all handed out before).
+        self.ring
+            .large_in_progress
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .map_err(|_| SendError::LargeInProgress)?;
+        // Relaxed: only this holder of `large_in_progress` takes an id.
+        let message_id = self.ring.large_started.fetch_add(1, Ordering::Relaxed);
+        Ok(LargeSend {
+            message_id,
+            sender: self.clone(),
+            len_bytes: len as u64,
+            sent_bytes: 0,
+            fragment_bytes_max,
+        })
     }
 
     /// Largest payload a slot carries.
@@ -242,6 +318,12 @@ impl<F: Fabric> SendSlot<'_, F> {
         self.position
     }
 
+    /// Commit the slot as a fragment of a large message.
+    fn commit_fragment(mut self, len: usize) {
+        debug_assert!(len <= self.payload.len(), "a fragment fits its reservation");
+        self.finish(0, len as u32 | LEN_FRAGMENT);
+    }
+
     #[inline]
     fn finish(&mut self, null_count: u32, len: u32) {
         debug_assert!(!self.committed, "no duplication: slot {} finished twice", self.position);
@@ -301,5 +383,105 @@ impl<F: Fabric> Drop for SendBatch<'_, F> {
             self.sender.finish_slot(position, offset, NULL_COUNT_SKIP, 0);
         }
         self.next = self.end;
+    }
+}
+
+/// Fragments a reservation takes at most (one atomic for all of them).
+const LARGE_BATCH_SLOTS_MAX: u64 = 64;
+
+/// A large message being sent (see [`Sender::send_large`]). Dropping it
+/// before [`LargeSend::push`] returned `true` abandons the message: the
+/// fragments already sent are passed over everywhere (each member says so
+/// with `Upcalls::large_message_cut`), and this member may start another.
+pub struct LargeSend<F: Fabric> {
+    message_id: u64,
+    sender: Sender<F>,
+    len_bytes: u64,
+    sent_bytes: u64,
+    fragment_bytes_max: usize,
+}
+
+impl<F: Fabric> LargeSend<F> {
+    /// Copy the next fragments of `message` into the window, as many as it
+    /// has room for; never waits (run the progress loop between calls).
+    /// Returns `Ok(true)` once the last fragment is committed.
+    ///
+    /// # Panics
+    ///
+    /// If `message` is not as long as announced to [`Sender::send_large`]
+    /// (pass the same message to every call).
+    pub fn push(&mut self, message: &[u8]) -> Result<bool, SendError> {
+        assert_eq!(
+            message.len() as u64,
+            self.len_bytes,
+            "LargeSend::push: pass the message announced to send_large every time"
+        );
+        self.push_with(|offset, out| {
+            let at = offset as usize;
+            out.copy_from_slice(&message[at..at + out.len()]);
+        })
+    }
+
+    /// [`LargeSend::push`] without a copy of the message: `fill(offset,
+    /// bytes)` writes the message's bytes `offset..offset + bytes.len()`
+    /// in place, into the ring (each call a whole fragment; offsets are
+    /// multiples of 8 and come in order).
+    pub fn push_with(&mut self, mut fill: impl FnMut(u64, &mut [u8])) -> Result<bool, SendError> {
+        if self.sent_bytes == self.len_bytes {
+            return Ok(true);
+        }
+        if self.sender.ring.is_stopped() {
+            return Err(SendError::Stopped);
+        }
+        let fragment_max = self.fragment_bytes_max as u64;
+        let fragments_left = (self.len_bytes - self.sent_bytes).div_ceil(fragment_max);
+        let Some(run) = self.sender.ring.reserve_many(fragments_left.min(LARGE_BATCH_SLOTS_MAX)) else {
+            return Ok(false);
+        };
+        for position in run {
+            let n = (self.len_bytes - self.sent_bytes).min(fragment_max) as usize;
+            // SAFETY: `position` came from the `reserve_many` above, held by
+            // this call alone, and is made into exactly one slot here.
+            let mut slot = unsafe { self.sender.slot_at(position, FRAGMENT_HEADER_BYTES + n) };
+            let payload = slot.payload_mut();
+            FragmentHeader {
+                message_id: self.message_id,
+                total_len: self.len_bytes,
+                offset: self.sent_bytes,
+            }
+            .write(payload);
+            fill(self.sent_bytes, &mut payload[FRAGMENT_HEADER_BYTES..]);
+            slot.commit_fragment(FRAGMENT_HEADER_BYTES + n);
+            self.sent_bytes += n as u64;
+        }
+        Ok(self.sent_bytes == self.len_bytes)
+    }
+
+    /// This member's count of large messages started before this one: the
+    /// id `Upcalls::large_message_cut` names if this one is cut.
+    pub fn message_id(&self) -> u64 {
+        self.message_id
+    }
+
+    /// The message's length.
+    pub fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+
+    /// Bytes committed so far.
+    pub fn sent_bytes(&self) -> u64 {
+        self.sent_bytes
+    }
+
+    /// Whether every fragment is committed.
+    pub fn is_done(&self) -> bool {
+        self.sent_bytes == self.len_bytes
+    }
+}
+
+impl<F: Fabric> Drop for LargeSend<F> {
+    fn drop(&mut self) {
+        // Release: pairs with the Acquire in `Sender::send_large`.
+        self.sender.ring.large_in_progress.store(false, Ordering::Release);
     }
 }

@@ -35,6 +35,7 @@ fn two_thousand_seeds_hold_every_invariant() {
     let (mut lost, mut complete, mut crashed, mut stopped, mut delivered) = (0, 0, 0, 0, 0u64);
     let mut went_on = 0;
     let (mut persistent, mut persistent_went_on, mut persistent_delivered) = (0, 0, 0u64);
+    let (mut large_runs, mut large_sent, mut large_cut) = (0, 0u64, 0u64);
     let mut failures = Vec::new();
     for seed in 0..CI_SEEDS {
         let r = simulation::run(&spec(seed));
@@ -52,6 +53,9 @@ fn two_thousand_seeds_hold_every_invariant() {
             persistent_went_on += view_changed as u64;
             persistent_delivered += r.delivered.iter().sum::<u64>();
         }
+        large_runs += (r.plan.large_per_mille > 0) as u64;
+        large_sent += r.large_sent;
+        large_cut += r.large_cut;
         crashed += r.ends.iter().filter(|e| **e == MemberEnd::Crashed).count();
         stopped += r.ends.iter().filter(|e| matches!(e, MemberEnd::Stopped(_))).count();
         if r.lost_members() > 0 {
@@ -90,6 +94,13 @@ fn two_thousand_seeds_hold_every_invariant() {
         persistent_went_on > persistent / 20,
         "only {persistent_went_on} persistent runs changed views"
     );
+    // Large messages are drawn (a third of the plans whose slots carry
+    // fragments), delivered whole (integrity checks their bytes), and some
+    // are cut by a view change (no loss allows only those, said to their
+    // sender).
+    assert!(large_runs > CI_SEEDS / 10, "only {large_runs} runs with large messages");
+    assert!(large_sent > large_runs * 5, "only {large_sent} large messages sent");
+    assert!(large_cut > 0, "no large message was cut by a view change");
 }
 
 #[test]

@@ -42,8 +42,8 @@ use super::checker::{Checker, Delivered};
 use super::{Logs, ViewEntry, ViewLogs, Violation};
 use crate::layout::SmcLayout;
 use crate::persist::PersistLog;
-use crate::sender::{SendSlot, Sender};
-use crate::{DeliveryMode, Group, GroupAgent, GroupConfig, GroupError, SenderSet};
+use crate::sender::{LargeSend, SendSlot, Sender};
+use crate::{DeliveryMode, Group, GroupAgent, GroupConfig, GroupError, SendError, SenderSet};
 
 /// Which faults a run may draw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,6 +217,11 @@ pub struct SimPlan {
     /// Persistent mode: per step, the chance that a member's log syncs
     /// (what its sync thread made durable since the last one).
     pub sync_per_mille: u64,
+    /// Per burst, the chance that a sender's application starts a large
+    /// message (2 to 6 slots long, sent as fragments beside its small
+    /// ones; see [`crate::large`]). Drawn for a third of the plans whose
+    /// slots can carry fragments.
+    pub large_per_mille: u64,
 }
 
 const PLAN_STREAM: u64 = 0x504C_414E;
@@ -225,6 +230,8 @@ const WORKLOAD_STREAM: u64 = 0x574B_4C44;
 /// Persistent mode's draws (its own stream: plans and runs of the other
 /// modes are what they were before persistent mode existed).
 const PERSIST_STREAM: u64 = 0x5045_5253;
+/// Large messages' draws (their own stream, like persistent mode's).
+const LARGE_STREAM: u64 = 0x4C52_4745;
 
 impl SimPlan {
     /// Draw a plan from the seed (independent of everything but the spec).
@@ -286,6 +293,7 @@ impl SimPlan {
             suspect_timeout_ns: 0,
             drain_steps_max: 4_000,
             sync_per_mille: 0,
+            large_per_mille: 0,
         };
         // One ordered plan in three is persistent; the draw comes from its
         // own stream, after everything else.
@@ -293,6 +301,10 @@ impl SimPlan {
         if plan.mode == DeliveryMode::Ordered && persist_rng.chance(333) {
             plan.mode = DeliveryMode::Persistent;
             plan.sync_per_mille = persist_rng.range(50, 1000);
+        }
+        let mut large_rng = SimRng::new(spec.seed).fork(LARGE_STREAM);
+        if plan.slot_payload_max >= crate::large::FRAGMENT_HEADER_BYTES + 8 && large_rng.chance(333) {
+            plan.large_per_mille = large_rng.range(20, 300);
         }
         if class != FaultClass::None {
             plan.draw_delays(&mut rng, n);
@@ -388,7 +400,7 @@ impl SimPlan {
         format!(
             "senders={} mode={} window_slots={} slot_payload_max={} batching={} send={}‰ burst≤{} abandon={}‰ reserve_batch={} tick≤{}ns \
              delay≤{}ns split≤{} slow_links={:?} speed‰={:?} detect_timeout={}ns suspect_timeout={}ns crash={:?} \
-             partition={:?} joiner={:?} leaver={:?} pause={:?}",
+             partition={:?} joiner={:?} leaver={:?} pause={:?} large={}‰",
             self.senders.as_str(),
             self.mode.as_str(),
             self.window_slots,
@@ -409,7 +421,8 @@ impl SimPlan {
             self.partition,
             self.joiner,
             self.leaver,
-            self.pause
+            self.pause,
+            self.large_per_mille
         )
     }
 }
@@ -454,6 +467,10 @@ pub struct SimReport {
     pub logs: Logs,
     /// Every member's installed views, in order.
     pub view_logs: ViewLogs,
+    /// Large messages that counted as sent (every fragment committed),
+    /// and those of them a view change cut (delivered nowhere, said).
+    pub large_sent: u64,
+    pub large_cut: u64,
 }
 
 impl SimReport {
@@ -483,6 +500,8 @@ pub fn run_plan(spec: &SimSpec, plan: SimPlan) -> SimReport {
         events: 0,
         logs: Logs::new(),
         view_logs: ViewLogs::new(),
+        large_sent: 0,
+        large_cut: 0,
     };
     let mut cluster = match Cluster::new(spec, plan) {
         Ok(c) => c,
@@ -522,6 +541,8 @@ pub fn run_plan(spec: &SimSpec, plan: SimPlan) -> SimReport {
     report.events = cluster.world.events();
     report.logs = std::mem::take(&mut cluster.logs);
     report.view_logs = std::mem::take(&mut cluster.view_logs);
+    report.large_sent = cluster.large_sent_ids.iter().map(|ids| ids.len() as u64).sum();
+    report.large_cut = cluster.cut_sent.iter().sum();
     report
 }
 
@@ -536,6 +557,35 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 type Inbox = Arc<Mutex<Vec<Delivered>>>;
+/// The ids of a member's own large messages it was told were cut.
+type OwnCuts = Arc<Mutex<Vec<u64>>>;
+
+/// A simulated member's application: deliveries go to its inbox, the cuts
+/// of its own large messages to its list.
+struct SimApp {
+    rank: usize,
+    inbox: Inbox,
+    own_cuts: OwnCuts,
+}
+
+impl crate::Upcalls for SimApp {
+    fn deliver(&mut self, d: &crate::Delivery<'_>) {
+        self.inbox.lock().expect("inbox").push(Delivered {
+            member: self.rank,
+            view: d.view,
+            sender: d.sender_rank,
+            index: d.index,
+            seq: d.seq,
+            len: d.payload.len() as u64,
+            xxh3: xxhash_rust::xxh3::xxh3_64(d.payload),
+        });
+    }
+    fn large_message_cut(&mut self, _view: u64, sender_rank: usize, message_id: u64, _len_bytes: u64) {
+        if sender_rank == self.rank {
+            self.own_cuts.lock().expect("own cuts").push(message_id);
+        }
+    }
+}
 
 struct Cluster {
     spec: SimSpec,
@@ -556,6 +606,16 @@ struct Cluster {
     rng: SimRng,
     /// Persistent mode: when each member's log syncs.
     persist_rng: SimRng,
+    /// Large messages: when one starts, its length and bytes.
+    large_rng: SimRng,
+    /// Per member, the large message being sent (its fragments and bytes).
+    large: Vec<Option<(LargeSend<SimFabric>, Vec<u8>)>>,
+    /// Per member, the ids of its large messages that counted as sent.
+    large_sent_ids: Vec<Vec<u64>>,
+    /// Per member, its cut large messages that had counted as sent
+    /// (delivered nowhere: the group said so, see `large_message_cut`).
+    cut_sent: Vec<u64>,
+    own_cuts: Vec<OwnCuts>,
     step: u64,
     /// The member whose step is running (for a panic report).
     stepping: Option<usize>,
@@ -605,6 +665,7 @@ impl Cluster {
         let mut agents: Vec<Option<GroupAgent<SimFabric>>> = (0..n).map(|_| None).collect();
         let mut senders: Vec<Option<Sender<SimFabric>>> = (0..n).map(|_| None).collect();
         let inboxes: Vec<Inbox> = (0..n).map(|_| Inbox::default()).collect();
+        let own_cuts: Vec<OwnCuts> = (0..n).map(|_| OwnCuts::default()).collect();
         let mut ends = vec![MemberEnd::NotStarted; n];
         for fabric in fabrics {
             let rank = fabric.member_rank();
@@ -615,7 +676,7 @@ impl Cluster {
             }
             .map_err(|e| e.to_string())?;
             senders[rank] = group.sender();
-            agents[rank] = Some(Self::agent(group, &inboxes[rank]));
+            agents[rank] = Some(Self::agent(group, &inboxes[rank], &own_cuts[rank]));
             ends[rank] = MemberEnd::Running;
         }
         if let Some(CrashPlan {
@@ -646,6 +707,11 @@ impl Cluster {
             sent: vec![0; n],
             rng: root.fork(WORKLOAD_STREAM),
             persist_rng: SimRng::new(spec.seed).fork(PERSIST_STREAM).fork(WORKLOAD_STREAM),
+            large_rng: SimRng::new(spec.seed).fork(LARGE_STREAM).fork(WORKLOAD_STREAM),
+            large: (0..n).map(|_| None).collect(),
+            large_sent_ids: vec![Vec::new(); n],
+            cut_sent: vec![0; n],
+            own_cuts,
             step: 0,
             stepping: None,
             faults_injected: plan.crash.is_some()
@@ -657,20 +723,13 @@ impl Cluster {
     }
 
     /// A member's group with a delivery handler that fills its inbox.
-    fn agent(group: Group<SimFabric>, inbox: &Inbox) -> GroupAgent<SimFabric> {
-        let rank = group.my_rank();
-        let sink = Arc::clone(inbox);
-        GroupAgent::new(group, move |d: &crate::Delivery<'_>| {
-            sink.lock().expect("inbox").push(Delivered {
-                member: rank,
-                view: d.view,
-                sender: d.sender_rank,
-                index: d.index,
-                seq: d.seq,
-                len: d.payload.len() as u64,
-                xxh3: xxhash_rust::xxh3::xxh3_64(d.payload),
-            });
-        })
+    fn agent(group: Group<SimFabric>, inbox: &Inbox, own_cuts: &OwnCuts) -> GroupAgent<SimFabric> {
+        let app = SimApp {
+            rank: group.my_rank(),
+            inbox: Arc::clone(inbox),
+            own_cuts: Arc::clone(own_cuts),
+        };
+        GroupAgent::new(group, app)
     }
 
     fn group(&self, m: usize) -> &Group<SimFabric> {
@@ -806,7 +865,7 @@ impl Cluster {
                 match joined {
                     Ok(group) => {
                         self.senders[rank] = group.sender();
-                        self.agents[rank] = Some(Self::agent(group, &self.inboxes[rank]));
+                        self.agents[rank] = Some(Self::agent(group, &self.inboxes[rank], &self.own_cuts[rank]));
                         self.ends[rank] = MemberEnd::Running;
                     }
                     Err(e) => self.ends[rank] = MemberEnd::Stopped(format!("could not start joining: {e}")),
@@ -849,6 +908,7 @@ impl Cluster {
         }
         let burst = self.rng.range(1, self.plan.burst_max);
         let first = self.sent[m];
+        self.app_send_large(&sender, m);
         if self.plan.reserve_batch {
             self.app_send_batch(&sender, m, burst);
         } else {
@@ -870,6 +930,59 @@ impl Cluster {
                 first,
                 count: self.sent[m] - first,
             });
+        }
+    }
+
+    /// The cuts `m`'s application was told of: one being sent is given up
+    /// (the app may start another), one that counted as sent is counted
+    /// as delivered nowhere.
+    fn take_own_cuts(&mut self, m: usize) {
+        let ids: Vec<u64> = std::mem::take(&mut *self.own_cuts[m].lock().expect("own cuts"));
+        for id in ids {
+            if self.large[m].as_ref().is_some_and(|(tx, _)| tx.message_id() == id) {
+                self.large[m] = None;
+            } else if self.large_sent_ids[m].contains(&id) {
+                self.cut_sent[m] += 1;
+            } else {
+                panic!("member {m} was told its large message {id} was cut, which it never sent");
+            }
+        }
+    }
+
+    /// Go on with `m`'s large message, or (sometimes) start one. It counts
+    /// as sent when its last fragment is committed: that is its place in
+    /// the sender's order (small messages sent meanwhile come before it).
+    fn app_send_large(&mut self, sender: &Sender<SimFabric>, m: usize) {
+        if self.plan.large_per_mille == 0 {
+            return;
+        }
+        if self.large[m].is_none() && self.large_rng.chance(self.plan.large_per_mille) {
+            let slot = self.plan.slot_payload_max as u64;
+            let len = self.large_rng.range(slot + 1, slot * 6) as usize;
+            let mut bytes = vec![0u8; len];
+            for chunk in bytes.chunks_mut(8) {
+                let word = self.large_rng.next_u64().to_le_bytes();
+                chunk.copy_from_slice(&word[..chunk.len()]);
+            }
+            match sender.send_large(len) {
+                Ok(tx) => self.large[m] = Some((tx, bytes)),
+                Err(SendError::Stopped) => return,
+                Err(e) => panic!("send_large of {len} B refused in a plan that allows it: {e}"),
+            }
+        }
+        let Some((tx, bytes)) = self.large[m].as_mut() else {
+            return;
+        };
+        match tx.push(bytes) {
+            Ok(true) => {
+                let hash = xxhash_rust::xxh3::xxh3_64(bytes);
+                self.checker.record_sent(m, bytes.len() as u64, hash);
+                self.sent[m] += 1;
+                self.large_sent_ids[m].push(tx.message_id());
+                self.large[m] = None;
+            }
+            Ok(false) => {}
+            Err(_) => self.large[m] = None,
         }
     }
 
@@ -928,6 +1041,7 @@ impl Cluster {
             self.ends[m] = MemberEnd::Crashed;
         }
         self.check_deliveries(m)?;
+        self.take_own_cuts(m);
         self.check_view(m)?;
         let churn = self.plan.joiner.is_some() || self.plan.leaver.is_some();
         let slow = self.plan.speed_per_mille.iter().any(|s| *s < 1000) || self.plan.delay_ns_max > 0;
@@ -1107,7 +1221,7 @@ impl Cluster {
                 .filter(|s| self.senders[**s].is_some() && Some(**s) != joiner)
             {
                 let delivered = self.logs[&m].iter().filter(|e| e.sender == s).count() as u64;
-                if delivered != self.sent[s] {
+                if delivered != self.sent[s] - self.cut_sent[s] {
                     return Err(format!(
                         "no loss: member {m} delivered {delivered} of the {} messages of sender {s}, which stayed",
                         self.sent[s]
