@@ -131,6 +131,14 @@ impl<A: Upcalls> GroupBuilder<A> {
         self
     }
 
+    /// The largest message [`spindle_group::Sender::send_large`] (and
+    /// [`crate::LargeSend`]) accepts: bigger than a slot, it goes as
+    /// fragments (default 1 GiB).
+    pub fn large_message_max_bytes(mut self, bytes: u64) -> Self {
+        self.config.large_message_max_bytes = bytes;
+        self
+    }
+
     /// Where persistent mode keeps this member's log
     /// (`<dir>/<group>-member-<rank>.log`, created if missing).
     pub fn persist_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {

@@ -63,13 +63,14 @@ impl From<String> for ConfigError {
 
 /// Keys of the `[group]` table, with their defaults (as TOML text; `None`:
 /// required or optional without a default).
-pub const GROUP_KEYS: [(&str, Option<&str>); 20] = [
+pub const GROUP_KEYS: [(&str, Option<&str>); 21] = [
     ("name", None),
     ("transport", Some("\"tcp\"")),
     ("mode", Some("\"ordered\"")),
     ("senders", Some("\"all\"")),
     ("window_slots", Some("1024")),
     ("slot_payload_max", Some("10240")),
+    ("large_message_max_bytes", Some("1073741824")),
     ("key_file", None),
     ("join_timeout_ms", Some("10000")),
     ("peer_timeout_ms", Some("3000")),
@@ -91,6 +92,7 @@ pub const KEY_BYTES_MIN: usize = 16;
 const KEY_BYTES_MAX: usize = 4096;
 
 const _: () = assert!(defaults::WINDOW_SLOTS == 1024 && defaults::SLOT_PAYLOAD_MAX == 10_240);
+const _: () = assert!(defaults::LARGE_MESSAGE_MAX_BYTES == 1_073_741_824);
 const _: () = assert!(defaults::JOIN_TIMEOUT_MS == 10_000);
 const _: () = assert!(defaults::MEMBERSHIP && defaults::SUSPECT_TIMEOUT_MS == 500);
 
@@ -136,8 +138,11 @@ pub struct GroupFile {
     pub senders: SenderSet,
     /// `group.window_slots`: slots in each sender's ring.
     pub window_slots: usize,
-    /// `group.slot_payload_max`: the largest message, bytes.
+    /// `group.slot_payload_max`: the largest message a slot carries, bytes.
     pub slot_payload_max: usize,
+    /// `group.large_message_max_bytes`: the largest message sent as
+    /// fragments (`Sender::send_large`), bytes.
+    pub large_message_max_bytes: u64,
     /// `group.key_file`: the group key (tcp), resolved against the file's directory.
     pub key_file: Option<PathBuf>,
     /// `group.join_timeout_ms`: how long a member waits for the others at start.
@@ -268,6 +273,7 @@ impl GroupFile {
         let senders = parse_senders(&get("senders").expect("default"), members.len())?;
         let window_slots = integer(&get("window_slots"), "group.window_slots")?;
         let slot_payload_max = integer(&get("slot_payload_max"), "group.slot_payload_max")?;
+        let large_message_max_bytes = integer(&get("large_message_max_bytes"), "group.large_message_max_bytes")? as u64;
         let join_timeout_ms = integer(&get("join_timeout_ms"), "group.join_timeout_ms")? as u64;
         let peer_timeout_ms = integer(&get("peer_timeout_ms"), "group.peer_timeout_ms")? as u64;
         let idle = match string(&get("idle"), "group.idle")?.expect("default").as_str() {
@@ -377,6 +383,7 @@ impl GroupFile {
             senders,
             window_slots,
             slot_payload_max,
+            large_message_max_bytes,
             key_file,
             join_timeout_ms,
             peer_timeout_ms,
@@ -407,6 +414,7 @@ impl GroupFile {
         c.persist_dir = self.persist_dir.clone();
         c.window_slots = self.window_slots;
         c.slot_payload_max = self.slot_payload_max;
+        c.large_message_max_bytes = self.large_message_max_bytes;
         c.batching = self.batching;
         c.idle = parse_idle(&self.idle).map_err(|e| e.to_string())?;
         c.join_timeout = std::time::Duration::from_millis(self.join_timeout_ms);
@@ -417,6 +425,7 @@ impl GroupFile {
             // Name the file's keys, not the API's fields.
             text.replace("window_slots =", "group.window_slots =")
                 .replace("slot_payload_max =", "group.slot_payload_max =")
+                .replace("large_message_max_bytes =", "group.large_message_max_bytes =")
                 .replace("senders:", "group.senders:")
                 .replace("suspect_timeout =", "group.suspect_timeout_ms =")
         })?;

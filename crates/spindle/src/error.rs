@@ -47,6 +47,7 @@ impl From<GroupError> for Error {
             GroupError::Timeout { waiting_for, waited_ms } => Error::Timeout { waiting_for, waited_ms },
             GroupError::Fabric(f) => Error::Fabric(f),
             GroupError::Config(c) => Error::Config(c),
+            GroupError::Send(s) => Error::Send(s),
             other => Error::Group(other),
         }
     }

@@ -107,6 +107,19 @@ impl<A: Upcalls> Group<A> {
         Ok(sender.send(payload)?)
     }
 
+    /// Multicast `message` of any length up to the group's
+    /// `large_message_max_bytes` (above a slot it goes as fragments, one
+    /// slot each, and every member delivers it whole, as one payload, in
+    /// the total order). Returns once every fragment is in the window,
+    /// running [`Group::poll`] (deliveries to the application) while the
+    /// window is full. A view change in the middle cuts the message:
+    /// every member is told with `Upcalls::large_message_cut` and nobody
+    /// delivers it; send it again. For the non-blocking form, see
+    /// [`crate::LargeSend`] through [`Group::sender`].
+    pub fn send_large(&mut self, message: &[u8]) -> Result<(), Error> {
+        Ok(self.inner.send_large(message, &mut self.app)?)
+    }
+
     /// A sending handle (clone it into other threads), if this member sends.
     pub fn sender(&self) -> Option<Sender<AnyFabric>> {
         self.sender.clone()

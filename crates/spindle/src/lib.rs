@@ -114,8 +114,8 @@ pub use crate::transport::{AnyFabric, OfiTransport, TcpTransport, Transport};
 /// Persistent mode's on-disk log: its layout, and reading a log back.
 pub use spindle_group::persist;
 pub use spindle_group::{
-    Delivery, DeliveryMode, GroupError, Replicated, SendBatch, SendError, SendSlot, SenderSet, StateMachine, Upcalls,
-    View,
+    Delivery, DeliveryMode, GroupError, LargeSend, Replicated, SendBatch, SendError, SendSlot, SenderSet, StateMachine,
+    Upcalls, View,
 };
 pub use spindle_runtime::IdleStrategy;
 

@@ -147,3 +147,10 @@ fn dds_ownership_fails_over_to_the_backup() {
         "{out}"
     );
 }
+
+#[test]
+fn large_shm_delivers_4_mib_messages_whole_in_one_order() {
+    let out = run_example("large_shm", &[], &[]);
+    assert!(out.contains("OK: 3 members delivered the same"), "{out}");
+    assert_eq!(out.matches("delivered whole at every member").count(), 3, "{out}");
+}
