@@ -73,6 +73,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         mode: "ordered".into(),
         window: defaults::WINDOW_SLOTS,
         slot_payload_max: args.size,
+        large_message_max_bytes: spindle_group::config::defaults::LARGE_MESSAGE_MAX_BYTES,
         batching: true,
         idle: "backoff".into(),
         size: args.size,

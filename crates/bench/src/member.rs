@@ -25,6 +25,10 @@ use spindle_runtime::{monotonic_ns, IdleStrategy};
 use crate::payload;
 use crate::report::MemberResult;
 
+fn default_large_message_max_bytes() -> u64 {
+    spindle_group::config::defaults::LARGE_MESSAGE_MAX_BYTES
+}
+
 /// Everything a member process needs, passed as JSON by the coordinator.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MemberSpec {
@@ -34,9 +38,12 @@ pub struct MemberSpec {
     pub mode: String,
     pub window: usize,
     pub slot_payload_max: usize,
+    /// The largest message (above `slot_payload_max` it goes as fragments).
+    #[serde(default = "default_large_message_max_bytes")]
+    pub large_message_max_bytes: u64,
     pub batching: bool,
     pub idle: String,
-    /// Payload bytes per message.
+    /// Payload bytes per message (above the slot: a large message).
     pub size: usize,
     /// Messages per sender (0: no count; the run lasts `seconds`, or
     /// until stopped).
@@ -134,6 +141,7 @@ impl MemberSpec {
         config.persist_dir = self.persist_dir.clone();
         config.window_slots = self.window;
         config.slot_payload_max = self.slot_payload_max;
+        config.large_message_max_bytes = self.large_message_max_bytes;
         config.batching = self.batching;
         config.idle = parse_idle(&self.idle).map_err(|e| e.to_string())?;
         config.join_timeout = Duration::from_millis(self.join_timeout_ms);
@@ -473,6 +481,8 @@ fn drive<F: Fabric>(
     };
     let burst_msgs = (burst_bytes / spec.size.max(1)).clamp(1, 64) as u64;
     let mut sent_checksum = 0u64;
+    // The large message being sent: its fragments, timestamp and counter.
+    let mut large_tx: Option<LargeInFlight<F>> = None;
     let mut deliverer = Deliverer {
         tally: &mut tally,
         rank,
@@ -510,12 +520,23 @@ fn drive<F: Fabric>(
                 end_marker_sent = send_end_marker(s, spec)?;
                 app_work += 1;
             } else if interval_ns == 0 || now >= next_send_ns {
-                let burst = if interval_ns > 0 { 1 } else { burst_msgs };
-                let n = send_burst(s, spec, sent, burst, &mut sent_checksum)?;
-                sent += n;
-                app_work += n as u32;
-                if interval_ns > 0 {
-                    next_send_ns += interval_ns;
+                if spec.size > spec.slot_payload_max {
+                    // Bigger than a slot: fragments, as many per pass as
+                    // the window has room for; the pace counts messages.
+                    let (n, progressed) = send_large_step(s, spec, sent, &mut large_tx, &mut sent_checksum)?;
+                    sent += n;
+                    app_work += progressed as u32;
+                    if interval_ns > 0 && n > 0 {
+                        next_send_ns += interval_ns;
+                    }
+                } else {
+                    let burst = if interval_ns > 0 { 1 } else { burst_msgs };
+                    let n = send_burst(s, spec, sent, burst, &mut sent_checksum)?;
+                    sent += n;
+                    app_work += n as u32;
+                    if interval_ns > 0 {
+                        next_send_ns += interval_ns;
+                    }
                 }
             } else if park_until_send {
                 wait_ns = (next_send_ns - now).min(deadline_ns.saturating_sub(now));
@@ -622,6 +643,43 @@ fn send_end_marker<F: Fabric>(s: &spindle_group::Sender<F>, spec: &MemberSpec) -
         Err(SendError::WouldBlock) => Ok(false),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// A large message being sent: (its fragments, send timestamp, counter).
+type LargeInFlight<F> = (spindle_group::LargeSend<F>, u64, u64);
+
+/// Send the next fragments of message `sent` (bigger than a slot), filled
+/// in place in the ring; returns (messages completed: 0 or 1, whether any
+/// fragment went).
+fn send_large_step<F: Fabric>(
+    s: &spindle_group::Sender<F>,
+    spec: &MemberSpec,
+    sent: u64,
+    large_tx: &mut Option<LargeInFlight<F>>,
+    sent_checksum: &mut u64,
+) -> Result<(u64, bool), String> {
+    if large_tx.is_none() {
+        let ts = if sent.is_multiple_of(spec.sample_every) {
+            monotonic_ns()
+        } else {
+            0
+        };
+        let tx = s.send_large(spec.size).map_err(|e| e.to_string())?;
+        *large_tx = Some((tx, ts, sent));
+    }
+    let (tx, ts, counter) = large_tx.as_mut().expect("started above");
+    let (ts, counter, size) = (*ts, *counter, spec.size);
+    let before = tx.sent_bytes();
+    let done = tx
+        .push_with(|offset, out| payload::fill_at(out, offset, size, ts, counter))
+        .map_err(|e| e.to_string())?;
+    let progressed = tx.sent_bytes() > before;
+    if !done {
+        return Ok((0, progressed));
+    }
+    *large_tx = None;
+    *sent_checksum = sent_checksum.wrapping_add(payload::expected_checksum(size, ts, counter));
+    Ok((1, true))
 }
 
 /// Send up to `burst` messages; returns how many were committed. The

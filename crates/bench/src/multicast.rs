@@ -45,7 +45,10 @@ pub struct MulticastArgs {
     /// Slots in each sender's ring (a power of two).
     #[arg(long, default_value_t = defaults::WINDOW_SLOTS)]
     pub window: usize,
-    /// Slot payload size (default: --size). A payload larger than the slot is rejected.
+    /// Slot payload size (default: --size up to 1 MiB, 256 KiB above).
+    /// A message larger than the slot goes through the large-message path
+    /// (fragments of one slot each, reassembled at every member); its raw
+    /// baseline moves the same bytes through a ring of the same slots.
     #[arg(long)]
     pub slot_size: Option<usize>,
     /// Turn the Spindle batching techniques off (to see what they buy).
@@ -123,10 +126,29 @@ impl MulticastArgs {
                 self.size
             ));
         }
-        let slot = self.slot_size.unwrap_or(self.size);
-        if self.size > slot {
+        let slot = self
+            .slot_size
+            .unwrap_or(if self.size <= defaults::SLOT_PAYLOAD_MAX_MAX {
+                self.size
+            } else {
+                LARGE_SLOT_BYTES_DEFAULT
+            });
+        if slot > defaults::SLOT_PAYLOAD_MAX_MAX {
             return Err(format!(
-                "--size {} is larger than --slot-size {slot}: payloads are never truncated",
+                "--slot-size {slot} is larger than {} (a larger message goes as fragments: keep the slot smaller)",
+                defaults::SLOT_PAYLOAD_MAX_MAX
+            ));
+        }
+        if self.size > slot && self.size as u64 > defaults::LARGE_MESSAGE_MAX_BYTES {
+            return Err(format!(
+                "--size {} is larger than the largest message, {} bytes",
+                self.size,
+                defaults::LARGE_MESSAGE_MAX_BYTES
+            ));
+        }
+        if self.size > slot && slot < spindle_group::large::FRAGMENT_HEADER_BYTES + 8 {
+            return Err(format!(
+                "--slot-size {slot} is too small to carry fragments of a --size {} message",
                 self.size
             ));
         }
@@ -144,6 +166,22 @@ impl MulticastArgs {
         }
         Ok((set, ranks, slot))
     }
+}
+
+/// Slot payload of a run whose messages are larger than 1 MiB.
+const LARGE_SLOT_BYTES_DEFAULT: usize = 256 << 10;
+/// A large-message run keeps each sender's ring within this (the window
+/// is lowered to fit): enough to pipeline, small enough to stay in cache.
+const LARGE_RING_BYTES_MAX: usize = 16 << 20;
+
+/// The window of a run: `--window`, lowered for a large-message run so
+/// the ring stays within [`LARGE_RING_BYTES_MAX`].
+fn window_for(args: &MulticastArgs, slot: usize) -> usize {
+    if args.size <= slot {
+        return args.window;
+    }
+    let fit = (LARGE_RING_BYTES_MAX / spindle_group::layout::slot_stride(slot)).max(2);
+    args.window.min(1 << fit.ilog2())
 }
 
 pub fn run(args: MulticastArgs) -> Result<(), String> {
@@ -246,6 +284,7 @@ pub fn measure_with_tcp(
     String,
 > {
     let (set, ranks, slot) = args.validate()?;
+    let window = window_for(args, slot);
     let result_dir = tempdir("bench")?;
     let persistent = args.mode == "persistent";
     // A fresh directory per run (the logs of an earlier run are refused);
@@ -277,8 +316,9 @@ pub fn measure_with_tcp(
         members: args.members,
         senders: ranks.clone(),
         mode: args.mode.clone(),
-        window: args.window,
+        window,
         slot_payload_max: slot,
+        large_message_max_bytes: spindle_group::config::defaults::LARGE_MESSAGE_MAX_BYTES,
         batching: !args.no_batching,
         idle: args.idle_name(),
         size: args.size,
@@ -337,6 +377,11 @@ pub fn measure_with_tcp(
         let b = crate::baseline::tcp::measure(args.size, total, args.pingpong_rounds, args.pin)?;
         tcp_baseline = Some(b);
         (b.gbps, b.msgs_per_s)
+    } else if args.size > slot {
+        // The same bytes through a raw ring of the same slots.
+        let bytes = args.size as u64 * total;
+        let b = crate::baseline::measure(slot, bytes.div_ceil(slot as u64), window, args.pin)?;
+        (b.gbps, b.gbps * 1e9 / args.size as f64)
     } else {
         let b = crate::baseline::measure(args.size, total, args.window, args.pin)?;
         (b.gbps, b.msgs_per_s)
@@ -353,7 +398,7 @@ pub fn measure_with_tcp(
         sender_count: ranks.len(),
         size: args.size,
         count: args.count,
-        window: args.window,
+        window,
         batching: !args.no_batching,
         self_check: args.self_check,
         pinned: args.pin,

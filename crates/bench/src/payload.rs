@@ -27,6 +27,41 @@ pub fn fill(payload: &mut [u8], send_ts_ns: u64, counter: u64) {
     }
 }
 
+/// Write bytes `offset..offset + out.len()` of the payload of `len` bytes
+/// that [`fill`] would write (a large message filled fragment by fragment
+/// in place). `offset` must be a multiple of 8.
+#[inline]
+pub fn fill_at(out: &mut [u8], offset: u64, len: usize, send_ts_ns: u64, counter: u64) {
+    debug_assert!(offset.is_multiple_of(8) && offset as usize + out.len() <= len);
+    let base = counter.wrapping_mul(K);
+    let mut header = [0u8; PAYLOAD_BYTES_MIN];
+    header[..8].copy_from_slice(&send_ts_ns.to_le_bytes());
+    header[8..].copy_from_slice(&counter.to_le_bytes());
+    // The bytes past the last whole pattern word are `base as u8`.
+    let words_end = PAYLOAD_BYTES_MIN + (len - PAYLOAD_BYTES_MIN) / 8 * 8;
+    let (start, end) = (offset as usize, offset as usize + out.len());
+    let mut p = start;
+    // The header's bytes.
+    while p < end.min(PAYLOAD_BYTES_MIN) {
+        out[p - start] = header[p];
+        p += 1;
+    }
+    // Whole pattern words, as `fill` writes them (a loop that vectorizes).
+    let words = (end.min(words_end).saturating_sub(p)) / 8;
+    if words > 0 {
+        let first = ((p - PAYLOAD_BYTES_MIN) / 8) as u64;
+        let span = &mut out[p - start..p - start + words * 8];
+        for (i, c) in span.chunks_exact_mut(8).enumerate() {
+            c.copy_from_slice(&base.wrapping_add(first + i as u64).to_le_bytes());
+        }
+        p += words * 8;
+    }
+    // The tail (only at the payload's end).
+    for b in &mut out[p - start..] {
+        *b = base as u8;
+    }
+}
+
 /// Read every byte: the wrapping sum of the 8-byte words (tail bytes added
 /// one by one). Uses AVX2 where the CPU has it; the raw baseline uses the
 /// same function, so the comparison stays like for like.
@@ -99,6 +134,21 @@ pub fn header(payload: &[u8]) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fill_at_writes_what_fill_writes_piece_by_piece() {
+        for len in [16usize, 17, 1027, 4096, 5003] {
+            let mut whole = vec![0u8; len];
+            fill(&mut whole, 7, 3);
+            for piece in [8usize, 240, 1024] {
+                let mut pieces = vec![0xEEu8; len];
+                for (k, out) in pieces.chunks_mut(piece).enumerate() {
+                    fill_at(out, (k * piece) as u64, len, 7, 3);
+                }
+                assert_eq!(pieces, whole, "len {len}, pieces of {piece}");
+            }
+        }
+    }
 
     #[test]
     fn fill_writes_every_byte_and_checksum_reads_them() {

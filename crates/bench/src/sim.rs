@@ -140,6 +140,10 @@ struct Tally {
     complete_runs: u64,
     /// Runs per delivery mode the plans drew (ordered, unordered, persistent).
     mode_runs: std::collections::BTreeMap<&'static str, u64>,
+    /// Runs whose plan drew large messages; large messages sent and cut.
+    large_runs: u64,
+    large_sent: u64,
+    large_cut: u64,
     sent: u64,
     delivered: u64,
     steps: u64,
@@ -154,6 +158,9 @@ impl Tally {
         self.steps += report.steps_run;
         self.events += report.events;
         *self.mode_runs.entry(report.plan.mode.as_str()).or_default() += 1;
+        self.large_runs += (report.plan.large_per_mille > 0) as u64;
+        self.large_sent += report.large_sent;
+        self.large_cut += report.large_cut;
         if report.lost_members() > 0 {
             self.lost_runs += 1;
         } else {
@@ -275,6 +282,9 @@ fn write_json(path: &std::path::Path, args: &SimArgs, v: &Validated, t: &Tally, 
         "runs_that_lost_a_member": t.lost_runs,
         "runs_to_completion": t.complete_runs,
         "runs_by_mode": t.mode_runs,
+        "runs_with_large_messages": t.large_runs,
+        "large_messages_sent": t.large_sent,
+        "large_messages_cut_by_a_view_change": t.large_cut,
         "steps": t.steps,
         "messages_sent": t.sent,
         "deliveries_checked": t.delivered,

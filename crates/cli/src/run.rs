@@ -48,7 +48,8 @@ pub struct RunArgs {
     /// leave the group cleanly).
     #[arg(long)]
     pub service: bool,
-    /// Payload bytes per message (16..=the slot size).
+    /// Payload bytes per message (16..=group.large_message_max_bytes;
+    /// above group.slot_payload_max each goes as fragments).
     #[arg(long, default_value_t = 1024)]
     pub size: usize,
     /// Offered rate per sender in messages/s (0: as fast as the window allows).
@@ -72,10 +73,10 @@ pub fn run(args: RunArgs) -> Result<(), String> {
             file.members.len().saturating_sub(1)
         )
     })?;
-    if args.size < PAYLOAD_BYTES_MIN || args.size > file.slot_payload_max {
+    if args.size < PAYLOAD_BYTES_MIN || args.size as u64 > file.large_message_max_bytes {
         return Err(format!(
-            "--size {} must be in {}..={} (group.slot_payload_max)",
-            args.size, PAYLOAD_BYTES_MIN, file.slot_payload_max
+            "--size {} must be in {}..={} (group.large_message_max_bytes; above group.slot_payload_max = {} a message goes as fragments)",
+            args.size, PAYLOAD_BYTES_MIN, file.large_message_max_bytes, file.slot_payload_max
         ));
     }
     let config = file.group_config().map_err(|e| e.to_string())?;
@@ -128,6 +129,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         mode: file.mode.as_str().to_string(),
         window: file.window_slots,
         slot_payload_max: file.slot_payload_max,
+        large_message_max_bytes: file.large_message_max_bytes,
         batching: file.batching,
         idle: file.idle.clone(),
         size: args.size,
