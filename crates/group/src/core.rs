@@ -594,10 +594,17 @@ impl<F: Fabric> GroupCore<F> {
         for m in &replay.messages[replay.next..end] {
             if replay.view != Some(m.view) {
                 // The history crosses a view change: what was half put
-                // together was dropped at that install (see `large`).
-                self.large.drop_partials();
+                // together was dropped at that install (see `large`), and
+                // the application told, as it was then.
+                if let Some(view) = replay.view {
+                    cut_partials(&mut self.large, &mut self.counters, up, view, &replay.ranks);
+                }
                 replay.view = Some(m.view);
             }
+            if replay.ranks.len() <= m.sender_index {
+                replay.ranks.resize(m.sender_index + 1, 0);
+            }
+            replay.ranks[m.sender_index] = m.sender_rank;
             let d = Delivery {
                 view: m.view,
                 sender_rank: m.sender_rank,
@@ -612,6 +619,11 @@ impl<F: Fabric> GroupCore<F> {
         replay.next = end;
         self.counters.add(counters::REPLAYED_MSGS, handed as u64);
         if end == replay.messages.len() {
+            // A large message the crash cut short is delivered nowhere; the
+            // live view starts with no half-assembled message.
+            if let Some(view) = replay.view {
+                cut_partials(&mut self.large, &mut self.counters, up, view, &replay.ranks);
+            }
             self.replay = None;
         }
         handed as u32
@@ -1438,6 +1450,21 @@ impl<F: Fabric> GroupCore<F> {
             stable: self.stable(),
             delivered_num: self.delivered_num,
         }
+    }
+}
+
+/// Drop every half-assembled large message at the end of `view` (whose
+/// sender index `s` is rank `ranks[s]`) and tell the application of each.
+pub(crate) fn cut_partials<U: Upcalls + ?Sized>(
+    large: &mut Reassembly,
+    counters: &mut Counters,
+    up: &mut U,
+    view: u64,
+    ranks: &[usize],
+) {
+    for (s, cut) in large.drop_partials() {
+        counters.add(counters::LARGE_MSGS_CUT, 1);
+        up.large_message_cut(view, ranks[s], cut.message_id, cut.len_bytes);
     }
 }
 

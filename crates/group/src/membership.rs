@@ -768,10 +768,7 @@ impl<F: Fabric> GroupCore<F> {
         }
         // Virtual synchrony for large messages: a half-assembled one (the
         // same prefix at every survivor, by the edge) is delivered nowhere.
-        for (s, cut) in self.large.drop_partials() {
-            self.counters.add(counters::LARGE_MSGS_CUT, 1);
-            up.large_message_cut(self.view, self.sender_ranks[s], cut.message_id, cut.len_bytes);
-        }
+        crate::core::cut_partials(&mut self.large, &mut self.counters, up, self.view, &self.sender_ranks);
         // Snapshot for the joiners, from the lowest old member that stays
         // (a joiner knows the old members as those not joining).
         let old_members = if joiner { p.next_members & !p.joiners } else { old_mask };

@@ -254,8 +254,10 @@ pub struct Replay {
     pub bytes: Vec<u8>,
     /// Messages handed over so far.
     pub next: usize,
-    /// The view of the last message handed over.
+    /// The view of the last message handed over, and the ranks of its
+    /// senders by index (as far as seen).
     pub view: Option<u64>,
+    pub ranks: Vec<usize>,
 }
 
 /// Seal this member's log for the plan (the view records that end the
@@ -272,6 +274,7 @@ pub fn seal(
         bytes: Vec::new(),
         next: 0,
         view: None,
+        ranks: Vec::new(),
     };
     for m in history {
         let trimmed_prev = plan.prev.is_some_and(|(pv, pf)| m.view == pv && m.seq >= pf);

@@ -113,8 +113,23 @@ fn spawn_three<B>(c: &GroupConfig, body: B) -> Vec<std::thread::JoinHandle<Recor
 where
     B: Fn(Group<ShmFabric>, Recorder) -> Recorder + Clone + Send + 'static,
 {
-    let barrier = Arc::new(Barrier::new(3));
-    (0..3)
+    spawn_members(3, c, body)
+}
+
+/// [`spawn_three`] for two members.
+fn spawn_two<B>(c: &GroupConfig, body: B) -> Vec<std::thread::JoinHandle<Recorder>>
+where
+    B: Fn(Group<ShmFabric>, Recorder) -> Recorder + Clone + Send + 'static,
+{
+    spawn_members(2, c, body)
+}
+
+fn spawn_members<B>(n: usize, c: &GroupConfig, body: B) -> Vec<std::thread::JoinHandle<Recorder>>
+where
+    B: Fn(Group<ShmFabric>, Recorder) -> Recorder + Clone + Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(n));
+    (0..n)
         .map(|rank| {
             let (c, barrier, body) = (c.clone(), barrier.clone(), body.clone());
             std::thread::spawn(move || {
@@ -328,4 +343,72 @@ fn bad_large_sends_are_refused_with_the_reason() {
     let group = Group::join_shm(tiny, 0).unwrap();
     let e = group.sender().unwrap().send_large(100).err().expect("no room");
     assert!(e.to_string().contains("no room for a fragment"), "{e}");
+}
+
+/// A persistent group whose large message was cut short (its sender gave
+/// it up half way, as a crash would): after a restart the history replays
+/// its fragments, the application is told it was cut (in the view it was
+/// sent in), and a new large message goes through whole.
+#[test]
+fn a_large_message_cut_short_in_the_history_is_said_cut_after_a_restart() {
+    let mut c = config("restart", 2);
+    let dir = std::env::temp_dir().join(&c.name);
+    let _ = std::fs::remove_dir_all(&dir);
+    c.mode = DeliveryMode::Persistent;
+    c.persist_dir = Some(dir.clone());
+    let len = 50_000;
+    for round in 0..2u8 {
+        let records: Vec<Recorder> = spawn_two(&c, move |mut group, mut app| {
+            let start = Instant::now();
+            let rank = app.rank;
+            if rank == 0 && round == 0 {
+                let sender = group.sender().unwrap();
+                let mut tx = sender.send_large(len).unwrap();
+                assert!(
+                    !tx.push(&large_message(0, len)).unwrap(),
+                    "one window is not the whole message"
+                );
+                drop(tx); // given up half way
+                while sender.send(END_MARKER.to_le_bytes().as_slice()).is_err() {
+                    group.poll(&mut app).unwrap();
+                }
+            } else if rank == 0 {
+                group.send_large(&large_message(1, len), &mut app).unwrap();
+            }
+            let done = |app: &Recorder| {
+                if round == 0 {
+                    app.ends_seen == 1
+                } else {
+                    app.large_seen == 1
+                }
+            };
+            while !done(&app) {
+                assert!(start.elapsed() < WAIT_MAX, "member {rank}: stuck in round {round}");
+                let work = group.poll(&mut app).unwrap();
+                group.idle(work);
+            }
+            group.finish_together(&mut app, WAIT_MAX).unwrap();
+            app
+        })
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+        for r in &records {
+            if round == 0 {
+                assert!(
+                    r.cuts.is_empty() && r.large_seen == 0,
+                    "member {}: {:?}",
+                    r.rank,
+                    r.cuts
+                );
+            } else {
+                // Told once, for the history's message, in view 0.
+                assert_eq!(r.cuts, vec![(0, 0, len as u64)], "member {}", r.rank);
+                let large: Vec<_> = r.deliveries.iter().filter(|d| d.3 == len).collect();
+                assert_eq!(large.len(), 1, "member {}: the new one, whole", r.rank);
+                assert_eq!(large[0].0, 1, "in the view after the restart");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
