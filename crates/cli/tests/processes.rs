@@ -49,28 +49,40 @@ fn demo_persistence_act_kills_every_member_and_loses_nothing_delivered() {
     assert!(!e.status.success() && text(&e).contains("--act nap: expected persistence or membership"));
 }
 
-#[test]
-fn bench_writes_json_with_the_documented_keys_and_unordered_logs_pass() {
+/// `spindle bench multicast ARGS` with a JSON report and delivery logs
+/// in a fresh directory: (the directory, the report, the logs' folder).
+fn bench_with_logs(args: &[&str]) -> (tempfile::TempDir, serde_json::Value, std::path::PathBuf) {
     let dir = tempdir();
     let json = dir.path().join("r.json");
     let logs_dir = dir.path().join("logs");
     let out = run(spindle()
-        .args([
-            "bench",
-            "multicast",
-            "--members",
-            "3",
-            "--senders",
-            "half",
-            "--size",
-            "100",
-        ])
-        .args(["--count", "2000", "--mode", "unordered", "--window", "64", "--json"])
+        .args(["bench", "multicast"])
+        .args(args)
+        .arg("--json")
         .arg(&json)
         .arg("--delivery-log")
         .arg(&logs_dir));
     assert!(out.status.success(), "bench failed: {}", text(&out));
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (dir, report, logs_dir)
+}
+
+#[test]
+fn bench_writes_json_with_the_documented_keys_and_unordered_logs_pass() {
+    let (_dir, report, logs_dir) = bench_with_logs(&[
+        "--members",
+        "3",
+        "--senders",
+        "half",
+        "--size",
+        "100",
+        "--count",
+        "2000",
+        "--mode",
+        "unordered",
+        "--window",
+        "64",
+    ]);
     for key in [
         "transport",
         "mode",
@@ -103,26 +115,18 @@ fn bench_writes_json_with_the_documented_keys_and_unordered_logs_pass() {
 /// pass as nulls) pass the checkers.
 #[test]
 fn bench_messages_larger_than_the_slot_arrive_whole_in_one_order() {
-    let dir = tempdir();
-    let json = dir.path().join("r.json");
-    let logs_dir = dir.path().join("logs");
-    let out = run(spindle()
-        .args([
-            "bench",
-            "multicast",
-            "--members",
-            "3",
-            "--size",
-            "50000",
-            "--slot-size",
-            "4096",
-        ])
-        .args(["--count", "40", "--window", "16", "--json"])
-        .arg(&json)
-        .arg("--delivery-log")
-        .arg(&logs_dir));
-    assert!(out.status.success(), "bench failed: {}", text(&out));
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (_dir, report, logs_dir) = bench_with_logs(&[
+        "--members",
+        "3",
+        "--size",
+        "50000",
+        "--slot-size",
+        "4096",
+        "--count",
+        "40",
+        "--window",
+        "16",
+    ]);
     assert_eq!(report["size"], 50000);
     assert!(
         report["baseline_gbps"].as_f64().unwrap() > 0.0,
