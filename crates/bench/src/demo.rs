@@ -83,6 +83,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         sample_every: (args.count / 50_000).max(1),
         self_check: true,
         pin: false,
+        pin_cpu_base: 0,
         delivery_log: Some(log_dir.clone()),
         persist_dir: None,
         result_dir: work_dir.clone(),

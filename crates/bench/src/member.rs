@@ -60,9 +60,14 @@ pub struct MemberSpec {
     /// a sender's own deliveries are checked by header only; those bytes
     /// never left its core).
     pub self_check: bool,
-    /// Pin member r to CPU r mod CPUs.
+    /// Pin member r to CPU (pin_cpu_base + r) mod CPUs.
     #[serde(default)]
     pub pin: bool,
+    /// With `pin`: the CPU of rank 0 (a shard of a `--subgroups` run
+    /// starts at its first member's top-level rank, so shards do not
+    /// share CPUs).
+    #[serde(default)]
+    pub pin_cpu_base: usize,
     pub delivery_log: Option<PathBuf>,
     /// Persistent mode: the directory of the members' logs.
     #[serde(default)]
@@ -341,7 +346,7 @@ pub fn run_member(spec: &MemberSpec, rank: usize) -> Result<(), String> {
 pub fn run_member_until(spec: &MemberSpec, rank: usize, stop: &AtomicBool) -> Result<(), String> {
     let config = spec.group_config()?;
     if spec.pin {
-        pin_to_cpu(rank)?;
+        pin_to_cpu(spec.pin_cpu_base + rank)?;
     }
     let senders = spec.senders.len() as u64;
     let samples_max = if spec.count > 0 {
@@ -615,6 +620,8 @@ fn drive<F: Fabric>(
         delivered_msgs: tally.delivered_msgs,
         delivered_bytes: tally.delivered_bytes,
         elapsed_ns,
+        t0_ns: t0,
+        t_last_ns: t_last,
         delivered_gbps: tally.delivered_bytes as f64 / elapsed_ns as f64,
         delivered_msgs_per_s: tally.delivered_msgs as f64 * 1e9 / elapsed_ns as f64,
         checksum_by_sender: spec

@@ -96,6 +96,16 @@ pub struct MulticastArgs {
     /// tcp: round trips of the raw TCP ping-pong baseline (32 B).
     #[arg(long, default_value_t = 20_000)]
     pub pingpong_rounds: u64,
+    /// Lay the members out into this many shards of `members / N` each
+    /// (one subgroup, `spindle_group::subgroup::StickyLayout`): every
+    /// shard is its own group (own rings, senders and total order) and
+    /// all of them run at once. Reports each shard and the aggregate,
+    /// and then runs one shard of `members / N` alone as the reference
+    /// (the ratio is in the JSON). No raw baseline. With
+    /// `--delivery-log DIR`, each shard's logs go to `DIR/all-shard-S`
+    /// and the reference's to `DIR/one-shard-0`.
+    #[arg(long, default_value_t = 1)]
+    pub subgroups: usize,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_s: u64,
@@ -161,6 +171,12 @@ impl MulticastArgs {
                 self.transport
             ));
         }
+        if self.subgroups == 0 || !self.members.is_multiple_of(self.subgroups) {
+            return Err(format!(
+                "--subgroups {} must divide --members {} (shards of equal size)",
+                self.subgroups, self.members
+            ));
+        }
         if !self.window.is_power_of_two() || self.window < 2 {
             return Err(format!("--window {} must be a power of two ≥ 2", self.window));
         }
@@ -185,6 +201,9 @@ fn window_for(args: &MulticastArgs, slot: usize) -> usize {
 }
 
 pub fn run(args: MulticastArgs) -> Result<(), String> {
+    if args.subgroups > 1 {
+        return run_subgroups(&args);
+    }
     let (report, tcp_baseline, fsync_loop) = measure_with_tcp(&args)?;
     print_report(&report);
     if let Some(f) = &fsync_loop {
@@ -299,56 +318,15 @@ pub fn measure_with_tcp(
     });
     let tcp = args.transport == "tcp";
     let ofi = crate::member::is_ofi(&args.transport);
-    let (addresses, key_hex) = if tcp || ofi {
-        let addresses = (0..args.members)
-            .map(|_| crate::baseline::tcp::free_loopback_addr())
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut key = [0u8; 32];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
-            .map_err(|e| format!("make a group key: {e}"))?;
-        (addresses, spindle::config::hex_encode(&key))
-    } else {
-        (Vec::new(), String::new())
-    };
-    let spec = MemberSpec {
-        group: format!("bench-{}", std::process::id()),
-        members: args.members,
-        senders: ranks.clone(),
-        mode: args.mode.clone(),
-        window,
-        slot_payload_max: slot,
-        large_message_max_bytes: spindle_group::config::defaults::LARGE_MESSAGE_MAX_BYTES,
-        batching: !args.no_batching,
-        idle: args.idle_name(),
-        size: args.size,
-        count: args.count,
-        seconds: 0,
-        rate: args.rate,
-        sample_every: if args.rate > 0 {
-            1
-        } else {
-            (args.count / 100_000).max(1)
-        },
-        self_check: args.self_check,
-        pin: args.pin,
-        delivery_log: args.delivery_log.clone(),
-        persist_dir: persist_dir.clone(),
-        result_dir: result_dir.clone(),
-        join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
-        transport: args.transport.clone(),
-        addresses,
-        listen: None,
-        key_hex,
-        peer_timeout_ms: 0,
-        membership: spindle_group::config::defaults::MEMBERSHIP,
-        suspect_timeout_ms: 0,
-        check_source_addr: true,
-        tls: None,
-        handshake_timeout_ms: 0,
-        handshakes_pending_max: 0,
-        burst_bytes: crate::member::BURST_BYTES,
-    };
+    let spec = member_spec(
+        args,
+        format!("bench-{}", std::process::id()),
+        args.members,
+        ranks.clone(),
+        (window, slot),
+        persist_dir.clone(),
+        result_dir.clone(),
+    )?;
     let total = args.count * ranks.len() as u64;
     let results = run_members(&spec, Duration::from_secs(args.timeout_s), None);
     let results = results.inspect_err(|_| {
@@ -427,6 +405,71 @@ pub fn measure_with_tcp(
         command: std::env::args().collect::<Vec<_>>().join(" "),
     };
     Ok((report, tcp_baseline, fsync_loop))
+}
+
+/// The spec of a run's members: `members` processes of group `group`,
+/// `senders` sending, with `(window, slot)`; on tcp or ofi, fresh
+/// loopback addresses and a fresh group key.
+fn member_spec(
+    args: &MulticastArgs,
+    group: String,
+    members: usize,
+    senders: Vec<usize>,
+    (window, slot): (usize, usize),
+    persist_dir: Option<PathBuf>,
+    result_dir: PathBuf,
+) -> Result<MemberSpec, String> {
+    let (addresses, key_hex) = if args.transport == "tcp" || crate::member::is_ofi(&args.transport) {
+        let addresses = (0..members)
+            .map(|_| crate::baseline::tcp::free_loopback_addr())
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut key = [0u8; 32];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
+            .map_err(|e| format!("make a group key: {e}"))?;
+        (addresses, spindle::config::hex_encode(&key))
+    } else {
+        (Vec::new(), String::new())
+    };
+    Ok(MemberSpec {
+        group,
+        members,
+        senders,
+        mode: args.mode.clone(),
+        window,
+        slot_payload_max: slot,
+        large_message_max_bytes: spindle_group::config::defaults::LARGE_MESSAGE_MAX_BYTES,
+        batching: !args.no_batching,
+        idle: args.idle_name(),
+        size: args.size,
+        count: args.count,
+        seconds: 0,
+        rate: args.rate,
+        sample_every: if args.rate > 0 {
+            1
+        } else {
+            (args.count / 100_000).max(1)
+        },
+        self_check: args.self_check,
+        pin: args.pin,
+        pin_cpu_base: 0,
+        delivery_log: args.delivery_log.clone(),
+        persist_dir,
+        result_dir,
+        join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
+        transport: args.transport.clone(),
+        addresses,
+        listen: None,
+        key_hex,
+        peer_timeout_ms: 0,
+        membership: spindle_group::config::defaults::MEMBERSHIP,
+        suspect_timeout_ms: 0,
+        check_source_addr: true,
+        tls: None,
+        handshake_timeout_ms: 0,
+        handshakes_pending_max: 0,
+        burst_bytes: crate::member::BURST_BYTES,
+    })
 }
 
 /// Spawn one process per member, wait for all (calling `progress` with
@@ -596,4 +639,216 @@ fn print_report(r: &BenchReport) {
             name, p.p50, p.p99, p.p999, p.max, p.samples
         );
     }
+}
+
+/// One shard of a `--subgroups` run.
+#[derive(Clone, Debug, serde::Serialize)]
+struct ShardResult {
+    shard: usize,
+    /// Its members' top-level ranks, in shard-rank order.
+    members: Vec<usize>,
+    group: String,
+    /// Messages ordered in the shard (every member delivered each).
+    messages: u64,
+    delivered_msgs_per_s_min: f64,
+    delivered_gbps_min: f64,
+    t0_ns: u64,
+    t_last_ns: u64,
+}
+
+/// What a set of shards running at once achieved together: every
+/// shard's messages over the span from the first member's start to the
+/// last member's last delivery (one host clock).
+#[derive(Clone, Debug, serde::Serialize)]
+struct ShardsTogether {
+    shards: Vec<ShardResult>,
+    span_ns: u64,
+    aggregate_msgs_per_s: f64,
+    aggregate_gbps: f64,
+}
+
+/// `spindle bench multicast --subgroups N`: the members laid out into
+/// N shards by the default subgroup layout, all shards at once, then one
+/// shard alone as the reference.
+fn run_subgroups(args: &MulticastArgs) -> Result<(), String> {
+    use spindle_group::subgroup::{LayoutFunction, StickyLayout, SubgroupSpec};
+    let (set, _, slot) = args.validate()?;
+    let window = window_for(args, slot);
+    let per_shard = args.members / args.subgroups;
+    let mut spec = SubgroupSpec::new("bench", args.subgroups, per_shard);
+    spec.mode = spindle_group::DeliveryMode::parse(&args.mode)?;
+    spec.senders = set.clone();
+    let view: Vec<usize> = (0..args.members).collect();
+    let layout = StickyLayout
+        .layout(&[spec], 0, &view, None)
+        .map_err(|e| format!("--subgroups: {e}"))?;
+    let shards = layout.shards[0].clone();
+    println!(
+        "spindle bench multicast --subgroups {}: {} members as {} shards of {} ({}), {} {}, {} B × {} per sender, senders={} per shard, window {}, idle {}",
+        args.subgroups,
+        args.members,
+        args.subgroups,
+        per_shard,
+        shards.iter().map(|m| format!("{m:?}")).collect::<Vec<_>>().join(" "),
+        args.transport,
+        args.mode,
+        args.size,
+        args.count,
+        set.as_str(),
+        window,
+        args.idle_name()
+    );
+    let together = run_shards(args, &set, &shards, (window, slot), "all")?;
+    print_shards(&format!("{} shards at once", shards.len()), &together);
+    let alone = run_shards(args, &set, &shards[..1], (window, slot), "one")?;
+    print_shards("one shard alone (the reference)", &alone);
+    let ratio = together.aggregate_msgs_per_s / alone.aggregate_msgs_per_s.max(1e-9);
+    println!(
+        "aggregate with {} shards / one shard alone = {ratio:.2}x ({} CPUs; {} member processes at once)",
+        shards.len(),
+        Machine::detect().cpus,
+        args.members
+    );
+    if let Some(path) = &args.json {
+        let value = serde_json::json!({
+            "transport": args.transport,
+            "mode": args.mode,
+            "members": args.members,
+            "subgroups": args.subgroups,
+            "members_per_shard": per_shard,
+            "senders": set.as_str(),
+            "size": args.size,
+            "count": args.count,
+            "window": window,
+            "idle": args.idle_name(),
+            "pinned": args.pin,
+            "layout": "StickyLayout (first view: shards in rank order)",
+            "all_shards": together,
+            "one_shard": alone,
+            "ratio_aggregate_to_one_shard": ratio,
+            "machine": Machine::detect(),
+            "unix_time_s": std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+        });
+        let json = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
+        std::fs::write(path, json + "\n").map_err(|e| format!("write {}: {e}", path.display()))?;
+        println!("results written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// Run `shards` (top-level ranks of each) at once, each its own group,
+/// and check each shard's agreement (every member delivered every
+/// message of its shard, the same bytes, in one order when ordered).
+fn run_shards(
+    args: &MulticastArgs,
+    set: &SenderSet,
+    shards: &[Vec<usize>],
+    (window, slot): (usize, usize),
+    tag: &str,
+) -> Result<ShardsTogether, String> {
+    let persistent = args.mode == "persistent";
+    let pid = std::process::id();
+    let mut specs = Vec::with_capacity(shards.len());
+    for (s, members) in shards.iter().enumerate() {
+        let senders = set.ranks(members.len());
+        let persist_dir = persistent.then(|| {
+            let base = args.persist_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+            base.join(format!(
+                "spindle-persist-{pid}-{tag}-{s}-{}",
+                spindle_runtime::monotonic_ns()
+            ))
+        });
+        let mut spec = member_spec(
+            args,
+            spindle_group::subgroup::shard_group_name(&format!("bench-{pid}-{tag}"), "bench", s),
+            members.len(),
+            senders,
+            (window, slot),
+            persist_dir,
+            tempdir(&format!("bench-shard{s}"))?,
+        )?;
+        spec.pin_cpu_base = members[0];
+        spec.delivery_log = args.delivery_log.as_ref().map(|d| d.join(format!("{tag}-shard-{s}")));
+        if let Some(d) = &spec.delivery_log {
+            std::fs::create_dir_all(d).map_err(|e| format!("create {}: {e}", d.display()))?;
+        }
+        specs.push(spec);
+    }
+    let timeout = Duration::from_secs(args.timeout_s);
+    let outcomes: Vec<Result<Vec<MemberResult>, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = specs
+            .iter()
+            .map(|spec| scope.spawn(move || run_members(spec, timeout, None)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a shard's coordinator panicked".into()))
+            })
+            .collect()
+    });
+    for spec in &specs {
+        let _ = std::fs::remove_dir_all(&spec.result_dir);
+        if let Some(d) = &spec.persist_dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+    let mut results = Vec::with_capacity(shards.len());
+    for (s, (outcome, spec)) in outcomes.into_iter().zip(&specs).enumerate() {
+        let members = outcome.map_err(|e| format!("shard {s}: {e}"))?;
+        let messages = args.count * spec.senders.len() as u64;
+        check_agreement(&members, args.mode != "unordered", messages).map_err(|e| format!("shard {s}: {e}"))?;
+        results.push(ShardResult {
+            shard: s,
+            members: shards[s].clone(),
+            group: spec.group.clone(),
+            messages,
+            delivered_msgs_per_s_min: members
+                .iter()
+                .map(|m| m.delivered_msgs_per_s)
+                .fold(f64::INFINITY, f64::min),
+            delivered_gbps_min: members.iter().map(|m| m.delivered_gbps).fold(f64::INFINITY, f64::min),
+            t0_ns: members.iter().map(|m| m.t0_ns).min().unwrap_or(0),
+            t_last_ns: members.iter().map(|m| m.t_last_ns).max().unwrap_or(0),
+        });
+    }
+    let t0 = results.iter().map(|r| r.t0_ns).min().unwrap_or(0);
+    let t_last = results.iter().map(|r| r.t_last_ns).max().unwrap_or(0);
+    let span_ns = t_last.saturating_sub(t0).max(1);
+    let messages: u64 = results.iter().map(|r| r.messages).sum();
+    Ok(ShardsTogether {
+        shards: results,
+        span_ns,
+        aggregate_msgs_per_s: messages as f64 * 1e9 / span_ns as f64,
+        aggregate_gbps: (messages * args.size as u64) as f64 / span_ns as f64,
+    })
+}
+
+fn print_shards(title: &str, t: &ShardsTogether) {
+    println!("{title}:");
+    println!(
+        "{:>6} {:>16} {:>10} {:>14} {:>9}",
+        "shard", "members", "messages", "msgs/s (min)", "GB/s"
+    );
+    for r in &t.shards {
+        println!(
+            "{:>6} {:>16} {:>10} {:>14.0} {:>9.3}",
+            r.shard,
+            format!("{:?}", r.members),
+            r.messages,
+            r.delivered_msgs_per_s_min,
+            r.delivered_gbps_min
+        );
+    }
+    println!(
+        "  aggregate over {:.3} s (first start to last delivery): {:.0} msgs/s, {:.3} GB/s",
+        t.span_ns as f64 / 1e9,
+        t.aggregate_msgs_per_s,
+        t.aggregate_gbps
+    );
 }

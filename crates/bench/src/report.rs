@@ -38,6 +38,13 @@ pub struct MemberResult {
     pub delivered_bytes: u64,
     /// From the start barrier to the last delivery.
     pub elapsed_ns: u64,
+    /// The start barrier and the last delivery, CLOCK_MONOTONIC ns (one
+    /// clock for every process of the host: runs that overlap in time,
+    /// such as the shards of a `--subgroups` run, are compared on it).
+    #[serde(default)]
+    pub t0_ns: u64,
+    #[serde(default)]
+    pub t_last_ns: u64,
     pub delivered_gbps: f64,
     pub delivered_msgs_per_s: f64,
     /// Sum of the payload words of each sender's messages as read on

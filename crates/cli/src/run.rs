@@ -143,6 +143,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         },
         self_check: false,
         pin: false,
+        pin_cpu_base: 0,
         delivery_log: args.delivery_log.clone(),
         persist_dir: file.persist_dir.clone(),
         result_dir: result_dir.clone(),

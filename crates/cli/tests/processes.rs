@@ -143,6 +143,30 @@ fn bench_messages_larger_than_the_slot_arrive_whole_in_one_order() {
 }
 
 #[test]
+fn bench_subgroups_runs_each_shard_in_its_own_order_beside_one_shard_alone() {
+    let (_dir, report, logs_dir) =
+        bench_with_logs(&["--members", "4", "--subgroups", "2", "--size", "64", "--count", "3000"]);
+    assert_eq!(report["subgroups"], 2);
+    assert_eq!(report["members_per_shard"], 2);
+    let shards = report["all_shards"]["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), 2);
+    assert_eq!(shards[0]["members"], serde_json::json!([0, 1]));
+    assert_eq!(shards[1]["members"], serde_json::json!([2, 3]));
+    assert!(report["all_shards"]["aggregate_msgs_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(report["one_shard"]["shards"].as_array().unwrap().len(), 1);
+    assert!(report["ratio_aggregate_to_one_shard"].as_f64().unwrap() > 0.0);
+    // Each shard (and the reference shard) passes the checkers on its own:
+    // its 2 members delivered the 2 × 3000 messages of that shard only.
+    for shard in ["all-shard-0", "all-shard-1", "one-shard-0"] {
+        let logs = invariants::read_logs(&logs_dir.join(shard)).unwrap();
+        assert_eq!(logs.len(), 2, "{shard}: one log per member of the shard");
+        assert!(logs.values().all(|l| l.len() == 6000), "{shard}");
+        invariants::check_all(&logs, &BTreeMap::from([(0, 3000), (1, 3000)]), true)
+            .unwrap_or_else(|e| panic!("{shard}: {e}"));
+    }
+}
+
+#[test]
 fn a_killed_member_stops_the_bench_with_a_clear_error() {
     // A long run; kill -9 one member process and expect the coordinator to
     // stop the run with a clear error, not hang.
@@ -224,6 +248,10 @@ fn bad_arguments_name_the_bad_value() {
             "too small to carry fragments",
         ),
         (vec!["bench", "multicast", "--members", "0"], "--members 0"),
+        (
+            vec!["bench", "multicast", "--members", "4", "--subgroups", "3"],
+            "--subgroups 3 must divide --members 4",
+        ),
         (vec!["bench", "multicast", "--idle", "nap"], "nap"),
         (vec!["demo", "--members", "99"], "--members 99"),
         (vec!["stat", "--group", "no-such-group-here"], "no-such-group-here"),

@@ -48,6 +48,7 @@ pub mod restart;
 pub mod send_ring;
 pub mod sender;
 pub mod state_machine;
+pub mod subgroup;
 mod sync;
 
 pub use crate::config::{DeliveryMode, GroupConfig, SenderSet};

@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use spindle_group::subgroup::{LayoutFunction, SubgroupSpec};
 use spindle_group::{DeliveryMode, GroupConfig, Replicated, SenderSet, StateMachine, Upcalls};
 use spindle_runtime::IdleStrategy;
 
@@ -33,11 +34,15 @@ use crate::Error;
 /// [`GroupBuilder::state_machine`], or any [`Upcalls`] after
 /// [`GroupBuilder::app`].
 pub struct GroupBuilder<A = Callbacks> {
-    config: GroupConfig,
+    pub(crate) config: GroupConfig,
     members_set: bool,
-    rank: usize,
-    transport: Transport,
+    pub(crate) rank: usize,
+    pub(crate) transport: Transport,
     app: A,
+    /// Subgroups to lay the members out into (`join_sharded`).
+    pub(crate) subgroups: Vec<SubgroupSpec>,
+    /// The layout function (default: `StickyLayout`).
+    pub(crate) layout_function: Option<Box<dyn LayoutFunction>>,
 }
 
 impl GroupBuilder<Callbacks> {
@@ -57,6 +62,8 @@ impl GroupBuilder<Callbacks> {
             rank: 0,
             transport: Transport::Shm,
             app: Callbacks::default(),
+            subgroups: Vec::new(),
+            layout_function: None,
         }
     }
 
@@ -90,6 +97,8 @@ impl GroupBuilder<Callbacks> {
             rank: self.rank,
             transport: self.transport,
             app,
+            subgroups: self.subgroups,
+            layout_function: self.layout_function,
         }
     }
 }

@@ -24,6 +24,23 @@ pub struct Callbacks {
     pub(crate) view_change: Option<ViewChangeFn>,
 }
 
+impl Callbacks {
+    /// An application that calls `f` with every delivered message (for
+    /// `join_sharded`, which makes one per shard).
+    pub fn delivering(f: impl FnMut(&Delivery<'_>) + Send + 'static) -> Callbacks {
+        Callbacks {
+            deliver: Some(Box::new(f)),
+            view_change: None,
+        }
+    }
+
+    /// Also call `f` with every view installed.
+    pub fn with_view_change(mut self, f: impl FnMut(&View) + Send + 'static) -> Callbacks {
+        self.view_change = Some(Box::new(f));
+        self
+    }
+}
+
 impl Upcalls for Callbacks {
     #[inline]
     fn deliver(&mut self, d: &Delivery<'_>) {

@@ -102,6 +102,7 @@ pub mod dds;
 pub mod error;
 pub mod group;
 pub mod kv;
+pub mod sharded;
 pub mod stat;
 pub mod transport;
 
@@ -109,7 +110,9 @@ pub use crate::builder::GroupBuilder;
 pub use crate::config::{ConfigError, GroupFile};
 pub use crate::error::Error;
 pub use crate::group::{Callbacks, Group, RunningGroup};
+pub use crate::sharded::{Shard, Sharded};
 pub use crate::transport::{AnyFabric, OfiTransport, TcpTransport, Transport};
+pub use spindle_group::subgroup::{Layout, LayoutFunction, StickyLayout, SubgroupSpec};
 
 /// Persistent mode's on-disk log: its layout, and reading a log back.
 pub use spindle_group::persist;

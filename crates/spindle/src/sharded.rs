@@ -1,0 +1,339 @@
+//! [`Sharded`]: one member of a group laid out into subgroups and shards.
+//!
+//! Name the subgroups on the builder ([`GroupBuilder::subgroup`]); the
+//! layout function (default [`StickyLayout`]) assigns the group's
+//! members to shards, and `join_sharded` joins this member to the group
+//! of every shard it is in. Each shard is its own group: its own rings,
+//! senders, delivery mode and total order, delivered only to its
+//! members.
+//!
+//! ```no_run
+//! use spindle::group_layer::subgroup::SubgroupSpec;
+//! use spindle::{Callbacks, Group};
+//! // 4 members: shard 0 of "kv" is members {0, 1}, shard 1 is {2, 3}.
+//! let rank = 0;
+//! let mut member = Group::builder("store")
+//!     .members(4)
+//!     .rank(rank)
+//!     .subgroup(SubgroupSpec::new("kv", 2, 2))
+//!     .join_sharded(|_subgroup, _shard| Callbacks::default())?;
+//! let key = b"user:42";
+//! if member.shard_of_key("kv", key)? == member.my_shard("kv").unwrap() {
+//!     member.send("kv", b"user:42=alice")?;
+//! }
+//! member.poll()?;
+//! # Ok::<(), spindle::Error>(())
+//! ```
+
+use std::time::Duration;
+
+use spindle_group::subgroup::{self, Layout, LayoutFunction, StickyLayout, SubgroupSpec};
+use spindle_group::Upcalls;
+
+use crate::builder::GroupBuilder;
+use crate::group::Group;
+use crate::transport::Transport;
+use crate::Error;
+
+/// One shard this member is in, and the group that carries it.
+pub struct Shard<U> {
+    /// The subgroup's name.
+    pub subgroup: String,
+    /// The subgroup's index in the specification.
+    pub subgroup_index: usize,
+    /// The shard's index in its subgroup.
+    pub shard: usize,
+    /// The shard's members (top-level ranks), in shard-rank order.
+    pub members: Vec<usize>,
+    /// The shard's group (this member's rank in it is its index in
+    /// `members`).
+    pub group: Group<U>,
+}
+
+/// One member of a group laid out into subgroups: the shards it is in.
+pub struct Sharded<U> {
+    name: String,
+    rank: usize,
+    specs: Vec<SubgroupSpec>,
+    layout: Layout,
+    shards: Vec<Shard<U>>,
+}
+
+impl<A: Upcalls> GroupBuilder<A> {
+    /// Lay the group's members out into this subgroup too (in the order
+    /// the subgroups are added; see [`spindle_group::subgroup`]).
+    pub fn subgroup(mut self, spec: SubgroupSpec) -> Self {
+        self.subgroups.push(spec);
+        self
+    }
+
+    /// Lay out with `function` instead of the default [`StickyLayout`]
+    /// (its result is checked: every shard full, shards disjoint, only
+    /// members of the view).
+    pub fn layout_function(mut self, function: impl LayoutFunction + 'static) -> Self {
+        self.layout_function = Some(Box::new(function));
+        self
+    }
+
+    /// Join the group of every shard this member is in, making each
+    /// shard's application with `make_app(subgroup, shard)`. Every member
+    /// joins its shards in the same order (subgroup, then shard), so
+    /// members that share several shards never wait on each other in a
+    /// cycle. A member in no shard gets a `Sharded` with none (it may
+    /// still ask [`Sharded::shard_of_key`]).
+    ///
+    /// On tcp (and ofi) each shard's group uses its members' addresses
+    /// from the transport, so a member may be in one shard only there
+    /// (overlapping subgroups need shared memory).
+    pub fn join_sharded<U: Upcalls + Send>(
+        self,
+        mut make_app: impl FnMut(&str, usize) -> U,
+    ) -> Result<Sharded<U>, Error> {
+        if self.subgroups.is_empty() {
+            return Err(Error::Config(
+                "join_sharded: no subgroups (add them with GroupBuilder::subgroup)".into(),
+            ));
+        }
+        self.config.validate()?;
+        let members = self.config.members;
+        if self.rank >= members {
+            return Err(Error::Config(format!(
+                "rank {} is not a member: the group has {members} members",
+                self.rank
+            )));
+        }
+        let view: Vec<usize> = self.config.initial_ranks();
+        let function: &dyn LayoutFunction = match &self.layout_function {
+            Some(f) => f.as_ref(),
+            None => &StickyLayout,
+        };
+        let layout = subgroup::lay_out(function, &self.subgroups, 0, &view, None)
+            .map_err(|e| Error::Config(format!("subgroups: {e}")))?;
+        let mine: Vec<(usize, usize, usize)> = layout.shards_of(self.rank).collect();
+        if mine.len() > 1 && !matches!(self.transport, Transport::Shm) {
+            return Err(Error::Config(format!(
+                "member {} is in {} shards: on tcp or ofi a member may be in one shard only \
+                 (each shard's group listens on the member's one address); use shared memory \
+                 or disjoint subgroups",
+                self.rank,
+                mine.len()
+            )));
+        }
+        // Every shard's builder first (the applications made here, on
+        // the caller's thread), then all joins at once: a member in
+        // several shards is not missing from one while it waits in
+        // another's join.
+        let mut joins = Vec::with_capacity(mine.len());
+        for (g, s, shard_rank) in mine {
+            let spec = &self.subgroups[g];
+            let shard_members = layout.shards[g][s].clone();
+            let mut config = self.config.clone();
+            config.name = subgroup::shard_group_name(&self.config.name, &spec.name, s);
+            config.members = shard_members.len();
+            config.mode = spec.mode;
+            config.senders = spec.senders.clone();
+            config.initial_members = None;
+            let builder = GroupBuilder::from_config(config)
+                .rank(shard_rank)
+                .transport(shard_transport(&self.transport, &shard_members))
+                .app(make_app(&spec.name, s));
+            joins.push((spec.name.clone(), g, s, shard_members, Some(builder)));
+        }
+        let joined: Vec<Result<Group<U>, Error>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = joins
+                .iter_mut()
+                .map(|(_, _, _, _, builder)| {
+                    let builder = builder.take().expect("each shard's builder is joined once");
+                    scope.spawn(move || builder.join())
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Thread("a shard's join panicked".into())))
+                })
+                .collect()
+        });
+        let mut shards = Vec::with_capacity(joins.len());
+        for ((name, g, s, members, _), group) in joins.into_iter().zip(joined) {
+            let group = group.map_err(|e| match e {
+                Error::Config(why) => Error::Config(format!("subgroup {name:?} shard {s}: {why}")),
+                other => other,
+            })?;
+            shards.push(Shard {
+                subgroup: name,
+                subgroup_index: g,
+                shard: s,
+                members,
+                group,
+            });
+        }
+        Ok(Sharded {
+            name: self.config.name.clone(),
+            rank: self.rank,
+            specs: self.subgroups,
+            layout,
+            shards,
+        })
+    }
+}
+
+/// The transport of a shard's group: shared memory as is; on tcp and ofi
+/// the addresses of the shard's members, in shard-rank order.
+fn shard_transport(transport: &Transport, shard_members: &[usize]) -> Transport {
+    let pick = |tcp: &crate::TcpTransport| {
+        let mut tcp = tcp.clone();
+        tcp.members = shard_members.iter().map(|m| tcp.members[*m]).collect();
+        tcp
+    };
+    match transport {
+        Transport::Shm => Transport::Shm,
+        Transport::Tcp(tcp) => Transport::Tcp(pick(tcp)),
+        Transport::Ofi(ofi) => {
+            let mut ofi = ofi.clone();
+            ofi.tcp = pick(&ofi.tcp);
+            Transport::Ofi(ofi)
+        }
+    }
+}
+
+impl<U: Upcalls + Send> Sharded<U> {
+    /// The top-level group's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// This member's top-level rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The layout of the first view: the members of every shard.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The subgroups, as specified.
+    pub fn specs(&self) -> &[SubgroupSpec] {
+        &self.specs
+    }
+
+    /// The shards this member is in.
+    pub fn shards(&self) -> &[Shard<U>] {
+        &self.shards
+    }
+
+    /// The shards this member is in, mutably (to drive or send in one).
+    pub fn shards_mut(&mut self) -> &mut [Shard<U>] {
+        &mut self.shards
+    }
+
+    fn subgroup_index(&self, subgroup: &str) -> Result<usize, Error> {
+        self.specs.iter().position(|s| s.name == subgroup).ok_or_else(|| {
+            let known: Vec<&str> = self.specs.iter().map(|s| s.name.as_str()).collect();
+            Error::Config(format!(
+                "no subgroup {subgroup:?}: the subgroups are {}",
+                known.join(", ")
+            ))
+        })
+    }
+
+    /// The shard of `subgroup` that holds `key` (see
+    /// [`subgroup::shard_of_key`]).
+    pub fn shard_of_key(&self, subgroup: &str, key: &[u8]) -> Result<usize, Error> {
+        let g = self.subgroup_index(subgroup)?;
+        Ok(subgroup::shard_of_key(key, self.specs[g].shards))
+    }
+
+    /// The shard of `subgroup` this member is in, if any.
+    pub fn my_shard(&self, subgroup: &str) -> Option<usize> {
+        self.shards.iter().find(|s| s.subgroup == subgroup).map(|s| s.shard)
+    }
+
+    /// This member's shard of `subgroup`.
+    pub fn shard(&self, subgroup: &str) -> Option<&Shard<U>> {
+        self.shards.iter().find(|s| s.subgroup == subgroup)
+    }
+
+    /// This member's shard of `subgroup`, mutably.
+    pub fn shard_mut(&mut self, subgroup: &str) -> Option<&mut Shard<U>> {
+        self.shards.iter_mut().find(|s| s.subgroup == subgroup)
+    }
+
+    /// Multicast `payload` in this member's shard of `subgroup`: every
+    /// member of that shard delivers it in the shard's order, no one else
+    /// does. Never waits (a full window is `SendError::WouldBlock`).
+    pub fn send(&self, subgroup: &str, payload: &[u8]) -> Result<(), Error> {
+        let g = self.subgroup_index(subgroup)?;
+        let shard = self.shards.iter().find(|s| s.subgroup_index == g).ok_or_else(|| {
+            Error::Config(format!(
+                "member {} is in no shard of subgroup {subgroup:?} (its shards: {:?})",
+                self.rank, self.layout.shards[g]
+            ))
+        })?;
+        shard.group.send(payload)
+    }
+
+    /// One progress pass over every shard; returns the work done.
+    pub fn poll(&mut self) -> Result<u32, Error> {
+        let mut work = 0;
+        for shard in &mut self.shards {
+            work += shard.group.poll()?;
+        }
+        Ok(work)
+    }
+
+    /// Poll every shard until `done(self)` holds; fails with
+    /// [`Error::Timeout`] after `timeout`. A pass that finds nothing
+    /// backs off (spin, yield, then a 50 µs nap; one shard parks on its
+    /// doorbell).
+    pub fn run_until(&mut self, timeout: Duration, mut done: impl FnMut(&Self) -> bool) -> Result<(), Error> {
+        let started = std::time::Instant::now();
+        let mut idle_passes: u32 = 0;
+        while !done(self) {
+            if let [only] = self.shards.as_mut_slice() {
+                // One shard: its own idle strategy (parks on its doorbell).
+                only.group.poll_or_idle()?;
+            } else if self.poll()? > 0 {
+                idle_passes = 0;
+            } else {
+                // Several doorbells: spin, yield, then nap briefly.
+                idle_passes = idle_passes.saturating_add(1);
+                match idle_passes {
+                    0..=63 => std::hint::spin_loop(),
+                    64..=127 => std::thread::yield_now(),
+                    _ => std::thread::sleep(Duration::from_micros(50)),
+                }
+            }
+            if started.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    waiting_for: "the condition of Sharded::run_until".into(),
+                    waited_ms: timeout.as_millis() as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// End every shard together (see [`Group::finish_together`]), all
+    /// at once (a member in several shards keeps each going while it
+    /// waits in another); returns the shards' applications in the order
+    /// of [`Sharded::shards`].
+    pub fn finish_together(self, timeout: Duration) -> Result<Vec<U>, Error> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .shards
+                .into_iter()
+                .map(|s| scope.spawn(move || s.group.finish_together(timeout)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Thread("a shard's finish panicked".into())))
+                })
+                .collect()
+        })
+    }
+}
