@@ -144,6 +144,9 @@ struct Tally {
     large_runs: u64,
     large_sent: u64,
     large_cut: u64,
+    /// Subgroup layouts checked (member × view) and inadequate views.
+    layouts_checked: u64,
+    layouts_inadequate: u64,
     sent: u64,
     delivered: u64,
     steps: u64,
@@ -161,6 +164,8 @@ impl Tally {
         self.large_runs += (report.plan.large_per_mille > 0) as u64;
         self.large_sent += report.large_sent;
         self.large_cut += report.large_cut;
+        self.layouts_checked += report.layouts_checked;
+        self.layouts_inadequate += report.layouts_inadequate;
         if report.lost_members() > 0 {
             self.lost_runs += 1;
         } else {
@@ -202,6 +207,10 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     println!(
         "ran {} steps, {} messages sent, {} deliveries checked, {} runs lost a member, {} ran to completion, {:.1} s",
         tally.steps, tally.sent, tally.delivered, tally.lost_runs, tally.complete_runs, seconds
+    );
+    println!(
+        "subgroup layouts checked at every view change: {} (member × view), {} views too small for their drawn subgroups",
+        tally.layouts_checked, tally.layouts_inadequate
     );
     println!("{} seeds, {} violations", tally.seeds, tally.failures.len());
     if !tally.failures.is_empty() {
@@ -285,6 +294,8 @@ fn write_json(path: &std::path::Path, args: &SimArgs, v: &Validated, t: &Tally, 
         "runs_with_large_messages": t.large_runs,
         "large_messages_sent": t.large_sent,
         "large_messages_cut_by_a_view_change": t.large_cut,
+        "subgroup_layouts_checked": t.layouts_checked,
+        "subgroup_views_inadequate": t.layouts_inadequate,
         "steps": t.steps,
         "messages_sent": t.sent,
         "deliveries_checked": t.delivered,

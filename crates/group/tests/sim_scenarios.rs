@@ -320,3 +320,43 @@ fn a_member_paused_past_the_suspicion_timeout_is_removed_and_learns_it_when_resu
     }
     assert_eq!(removed, 20);
 }
+
+/// The subgroup layout check over a crash and a join: survivors keep
+/// their shards, the joiner (starting from the layout it receives with
+/// the state transfer) lays the view out as the others do, and a member
+/// that saw a view with other members is caught.
+#[test]
+fn subgroup_layouts_are_checked_across_a_crash_and_a_join() {
+    use spindle_group::invariants::{ViewEntry, ViewLogs};
+    use spindle_group::subgroup::SubgroupSpec;
+    let specs = vec![SubgroupSpec::new("kv", 2, 1)];
+    let entry = |member, view, members: &[usize]| ViewEntry {
+        member,
+        view,
+        members: members.to_vec(),
+    };
+    // View 0: {0,1,2} (kv shards {0} {1}); member 1 crashes; view 1:
+    // {0,2} (shard 1 refilled by 2); member 3 joins in view 2.
+    let mut logs = ViewLogs::new();
+    logs.insert(
+        0,
+        vec![entry(0, 0, &[0, 1, 2]), entry(0, 1, &[0, 2]), entry(0, 2, &[0, 2, 3])],
+    );
+    logs.insert(1, vec![entry(1, 0, &[0, 1, 2])]);
+    logs.insert(
+        2,
+        vec![entry(2, 0, &[0, 1, 2]), entry(2, 1, &[0, 2]), entry(2, 2, &[0, 2, 3])],
+    );
+    logs.insert(3, vec![entry(3, 2, &[0, 2, 3])]);
+    assert_eq!(simulation::check_subgroup_layouts(&specs, &logs), Ok((8, 0)));
+    // A view too small: counted, not a violation.
+    let two = vec![SubgroupSpec::new("kv", 2, 2)];
+    assert_eq!(
+        simulation::check_subgroup_layouts(&two, &logs).map(|(_, bad)| bad),
+        Ok(3)
+    );
+    // Member 3 installed view 2 with other members than the rest.
+    logs.insert(3, vec![entry(3, 2, &[0, 3])]);
+    let e = simulation::check_subgroup_layouts(&specs, &logs).unwrap_err();
+    assert!(e.contains("layout agreement: member 3"), "{e}");
+}

@@ -171,6 +171,9 @@ pub struct GroupFile {
     pub suspect_timeout_ms: u64,
     /// By id: `members[i].id == i`.
     pub members: Vec<MemberEntry>,
+    /// `[[subgroups]]`: the subgroups the members are laid out into
+    /// (`GroupBuilder::join_sharded`; docs/subgroups.md). Empty: none.
+    pub subgroups: Vec<spindle_group::subgroup::SubgroupSpec>,
 }
 
 impl GroupFile {
@@ -201,7 +204,11 @@ impl GroupFile {
             }),
             _ => Transport::Tcp(self.tcp_transport(rank)?),
         };
-        Ok(GroupBuilder::from_config(config).rank(rank).transport(transport))
+        let mut builder = GroupBuilder::from_config(config).rank(rank).transport(transport);
+        for spec in &self.subgroups {
+            builder = builder.subgroup(spec.clone());
+        }
+        Ok(builder)
     }
 
     fn tcp_transport(&self, rank: usize) -> Result<TcpTransport, ConfigError> {
@@ -236,8 +243,13 @@ impl GroupFile {
 
     fn parse_text(text: &str, base_dir: &Path, env: &[(String, String)]) -> Result<GroupFile, String> {
         let mut root: toml::Table = text.parse().map_err(|e: toml::de::Error| format!("TOML syntax: {e}"))?;
-        if let Some(k) = root.keys().find(|k| *k != "group" && *k != "members") {
-            return Err(format!("unknown top-level key '{k}': expected [group] and [[members]]"));
+        if let Some(k) = root
+            .keys()
+            .find(|k| *k != "group" && *k != "members" && *k != "subgroups")
+        {
+            return Err(format!(
+                "unknown top-level key '{k}': expected [group], [[members]] and [[subgroups]]"
+            ));
         }
         let mut group = match root.remove("group") {
             Some(toml::Value::Table(t)) => t,
@@ -249,6 +261,7 @@ impl GroupFile {
             return Err(format!("unknown key group.{k}: known keys are {}", known.join(", ")));
         }
         let mut members = parse_members(root.remove("members"))?;
+        let subgroups = parse_subgroups(root.remove("subgroups"), members.len())?;
         apply_env(&mut group, &mut members, env)?;
         check_distinct_addresses(&members)?;
         let get = |k: &str| -> Option<toml::Value> {
@@ -396,6 +409,7 @@ impl GroupFile {
             membership,
             suspect_timeout_ms,
             members,
+            subgroups,
         };
         file.group_config_text()
             .map_err(|e| e.replace("invalid group configuration: ", ""))?;
@@ -676,6 +690,74 @@ fn parse_senders(value: &toml::Value, members: usize) -> Result<SenderSet, Strin
     }
 }
 
+/// The keys of a `[[subgroups]]` entry.
+const SUBGROUP_KEYS: [&str; 6] = ["name", "shards", "members_per_shard", "mode", "senders", "overlapping"];
+
+/// `[[subgroups]]`: each with a name and members_per_shard (shards 1,
+/// mode ordered, senders all, overlapping false by default), laid out
+/// over the file's members once here so that a file whose subgroups do
+/// not fit is refused when it is read.
+fn parse_subgroups(
+    value: Option<toml::Value>,
+    members: usize,
+) -> Result<Vec<spindle_group::subgroup::SubgroupSpec>, String> {
+    use spindle_group::subgroup::{lay_out, StickyLayout, SubgroupSpec};
+    let list = match value {
+        None => return Ok(Vec::new()),
+        Some(toml::Value::Array(a)) => a,
+        Some(other) => {
+            return Err(format!(
+                "'subgroups' must be an array of tables ([[subgroups]]), found {}",
+                other.type_str()
+            ))
+        }
+    };
+    let mut specs = Vec::with_capacity(list.len());
+    for (i, entry) in list.into_iter().enumerate() {
+        let toml::Value::Table(t) = entry else {
+            return Err(format!("subgroups[{i}] must be a table"));
+        };
+        if let Some(k) = t.keys().find(|k| !SUBGROUP_KEYS.contains(&k.as_str())) {
+            return Err(format!(
+                "unknown key subgroups[{i}].{k}: known keys are {}",
+                SUBGROUP_KEYS.join(", ")
+            ));
+        }
+        let key = |k: &str| format!("subgroups[{i}].{k}");
+        let name =
+            string(&t.get("name").cloned(), &key("name"))?.ok_or_else(|| format!("missing key {}", key("name")))?;
+        let shards = match t.get("shards") {
+            None => 1,
+            v => integer(&v.cloned(), &key("shards"))?,
+        };
+        let per_shard = integer(&t.get("members_per_shard").cloned(), &key("members_per_shard"))?;
+        let mut spec = SubgroupSpec::new(&name, shards, per_shard);
+        if let Some(m) = string(&t.get("mode").cloned(), &key("mode"))? {
+            spec.mode = DeliveryMode::parse(&m).map_err(|e| format!("{} = \"{m}\": {e}", key("mode")))?;
+        }
+        if let Some(v) = t.get("senders") {
+            spec.senders =
+                parse_senders(v, per_shard.max(1)).map_err(|e| e.replace("group.senders", &key("senders")))?;
+        }
+        spec.overlapping = match t.get("overlapping") {
+            None => false,
+            Some(toml::Value::Boolean(b)) => *b,
+            other => {
+                return Err(format!(
+                    "{} = {}: expected true or false",
+                    key("overlapping"),
+                    show(&other.cloned())
+                ))
+            }
+        };
+        specs.push(spec);
+    }
+    let all: Vec<usize> = (0..members).collect();
+    lay_out(&StickyLayout, &specs, 0, &all, None)
+        .map_err(|e| format!("[[subgroups]] over the {members} members: {e}"))?;
+    Ok(specs)
+}
+
 fn show(v: &Option<toml::Value>) -> String {
     v.as_ref().map(|v| v.to_string()).unwrap_or_else(|| "(missing)".into())
 }
@@ -781,6 +863,61 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("member 2 is not in the configuration"));
+    }
+
+    #[test]
+    fn subgroups_are_read_with_their_defaults_and_bad_ones_named() {
+        let four = GOOD.to_string()
+            + r#"
+        [[members]]
+        id = 2
+        address = "127.0.0.1:7102"
+        [[members]]
+        id = 3
+        address = "127.0.0.1:7103"
+        [[subgroups]]
+        name = "kv"
+        shards = 2
+        members_per_shard = 2
+        mode = "unordered"
+        senders = [0]
+        "#;
+        let f = parse(&four, &[]).expect("valid");
+        assert!(parse(GOOD, &[]).expect("valid").subgroups.is_empty());
+        assert_eq!(f.subgroups.len(), 1);
+        let kv = &f.subgroups[0];
+        assert_eq!((kv.name.as_str(), kv.shards, kv.members_per_shard), ("kv", 2, 2));
+        assert_eq!(
+            (kv.mode, &kv.senders, kv.overlapping),
+            (DeliveryMode::Unordered, &SenderSet::Ranks(vec![0]), false)
+        );
+        let shm = parse(&four.replace("key_file = \"g1.key\"", "transport = \"shm\""), &[]).expect("valid");
+        assert_eq!(shm.builder(3).expect("builder").subgroups.len(), 1);
+        let log = four.clone() + "[[subgroups]]\nname = \"log\"\nmembers_per_shard = 1\n";
+        assert!(
+            parse(&log, &[]).unwrap_err().contains("inadequate"),
+            "4 members are all in kv"
+        );
+        let overlapping = log.replace("members_per_shard = 1\n", "members_per_shard = 1\noverlapping = true\n");
+        assert_eq!(parse(&overlapping, &[]).expect("valid").subgroups[1].shards, 1);
+        for (bad, needle) in [
+            ("shards = 2", "shards = 0"),
+            ("name = \"kv\"", "name = \"k v\""),
+            ("senders = [0]", "senders = [2]"),
+            ("mode = \"unordered\"", "mode = \"loose\""),
+            ("members_per_shard = 2", "members_per_shard = 2\nreplicas = 3"),
+        ] {
+            let text = four.replace(bad, needle);
+            let e = parse(&text, &[]).expect_err(needle);
+            let expect = match needle {
+                "shards = 0" => "shards 0 must be in 1..=64",
+                "name = \"k v\"" => "subgroup \"k v\"",
+                "senders = [2]" => "subgroups[0].senders = [2]",
+                "mode = \"loose\"" => "subgroups[0].mode = \"loose\"",
+                _ => "unknown key subgroups[0].replicas",
+            };
+            assert!(e.contains(expect), "{needle}: {e}");
+        }
     }
 
     #[test]

@@ -222,6 +222,9 @@ pub struct SimPlan {
     /// ones; see [`crate::large`]). Drawn for a third of the plans whose
     /// slots can carry fragments.
     pub large_per_mille: u64,
+    /// Subgroups the members are laid out into at every view (drawn from
+    /// their own stream; see [`check_subgroup_layouts`]).
+    pub subgroups: Vec<crate::subgroup::SubgroupSpec>,
 }
 
 const PLAN_STREAM: u64 = 0x504C_414E;
@@ -232,6 +235,8 @@ const WORKLOAD_STREAM: u64 = 0x574B_4C44;
 const PERSIST_STREAM: u64 = 0x5045_5253;
 /// Large messages' draws (their own stream, like persistent mode's).
 const LARGE_STREAM: u64 = 0x4C52_4745;
+/// Subgroup layouts' draws (their own stream, like the above).
+const SUBGROUP_STREAM: u64 = 0x5347_5250;
 
 impl SimPlan {
     /// Draw a plan from the seed (independent of everything but the spec).
@@ -294,6 +299,7 @@ impl SimPlan {
             drain_steps_max: 4_000,
             sync_per_mille: 0,
             large_per_mille: 0,
+            subgroups: Vec::new(),
         };
         // One ordered plan in three is persistent; the draw comes from its
         // own stream, after everything else.
@@ -306,6 +312,7 @@ impl SimPlan {
         if plan.slot_payload_max >= crate::large::FRAGMENT_HEADER_BYTES + 8 && large_rng.chance(333) {
             plan.large_per_mille = large_rng.range(20, 300);
         }
+        plan.subgroups = draw_subgroups(&mut SimRng::new(spec.seed).fork(SUBGROUP_STREAM), n);
         if class != FaultClass::None {
             plan.draw_delays(&mut rng, n);
         }
@@ -400,7 +407,7 @@ impl SimPlan {
         format!(
             "senders={} mode={} window_slots={} slot_payload_max={} batching={} send={}‰ burst≤{} abandon={}‰ reserve_batch={} tick≤{}ns \
              delay≤{}ns split≤{} slow_links={:?} speed‰={:?} detect_timeout={}ns suspect_timeout={}ns crash={:?} \
-             partition={:?} joiner={:?} leaver={:?} pause={:?} large={}‰",
+             partition={:?} joiner={:?} leaver={:?} pause={:?} large={}‰ subgroups={:?}",
             self.senders.as_str(),
             self.mode.as_str(),
             self.window_slots,
@@ -422,7 +429,11 @@ impl SimPlan {
             self.joiner,
             self.leaver,
             self.pause,
-            self.large_per_mille
+            self.large_per_mille,
+            self.subgroups
+                .iter()
+                .map(|g| format!("{}:{}x{}{}", g.name, g.shards, g.members_per_shard, if g.overlapping { "+" } else { "" }))
+                .collect::<Vec<_>>()
         )
     }
 }
@@ -471,6 +482,10 @@ pub struct SimReport {
     /// and those of them a view change cut (delivered nowhere, said).
     pub large_sent: u64,
     pub large_cut: u64,
+    /// Subgroup layouts computed and checked (member × view), and the
+    /// views too small for the drawn subgroups (inadequate).
+    pub layouts_checked: u64,
+    pub layouts_inadequate: u64,
 }
 
 impl SimReport {
@@ -502,6 +517,8 @@ pub fn run_plan(spec: &SimSpec, plan: SimPlan) -> SimReport {
         view_logs: ViewLogs::new(),
         large_sent: 0,
         large_cut: 0,
+        layouts_checked: 0,
+        layouts_inadequate: 0,
     };
     let mut cluster = match Cluster::new(spec, plan) {
         Ok(c) => c,
@@ -543,7 +560,122 @@ pub fn run_plan(spec: &SimSpec, plan: SimPlan) -> SimReport {
     report.view_logs = std::mem::take(&mut cluster.view_logs);
     report.large_sent = cluster.large_sent_ids.iter().map(|ids| ids.len() as u64).sum();
     report.large_cut = cluster.cut_sent.iter().sum();
+    if report.failure.is_none() {
+        match check_subgroup_layouts(&report.plan.subgroups, &report.view_logs) {
+            Ok((checked, inadequate)) => {
+                report.layouts_checked = checked;
+                report.layouts_inadequate = inadequate;
+            }
+            Err(detail) => {
+                report.failure = Some(SimFailure {
+                    step: report.steps_run,
+                    property: "subgroup layout".into(),
+                    detail,
+                })
+            }
+        }
+    }
     report
+}
+
+/// Draw 1 to 3 subgroups for `n` members: 1 to 3 shards of 1 to 3
+/// members, overlapping one time in four (some specifications need more
+/// members than a view has: those views are inadequate, and counted).
+fn draw_subgroups(rng: &mut SimRng, n: usize) -> Vec<crate::subgroup::SubgroupSpec> {
+    let count = rng.range(1, 4) as usize;
+    (0..count)
+        .map(|g| {
+            let mut spec = crate::subgroup::SubgroupSpec::new(
+                &format!("g{g}"),
+                rng.range(1, 4) as usize,
+                rng.range(1, (n as u64).clamp(1, 3) + 1) as usize,
+            );
+            spec.overlapping = rng.chance(250);
+            spec
+        })
+        .collect()
+}
+
+/// Lay out every member's views with the default layout function, as a
+/// member would at each view change, and check:
+/// - **layout agreement**: every member that installed a view computed
+///   the same layout of it (a joiner starts from the layout of the view
+///   before its first, which it receives with the state transfer);
+/// - **layout invariants** ([`crate::subgroup::check_layout`]): every
+///   shard full, its members in the view, shards disjoint;
+/// - **stickiness**: a member of consecutive adequate views stays in the
+///   shards it was in (its replicated state does not move).
+///
+/// Returns (layouts checked, inadequate views).
+pub fn check_subgroup_layouts(
+    specs: &[crate::subgroup::SubgroupSpec],
+    view_logs: &ViewLogs,
+) -> Result<(u64, u64), String> {
+    use crate::subgroup::{check_layout, Layout, LayoutFunction, StickyLayout};
+    if specs.is_empty() {
+        return Ok((0, 0));
+    }
+    // Every view's members (view agreement is checked elsewhere), in
+    // view order, and the reference layouts along that chain.
+    let mut views: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for entries in view_logs.values() {
+        for e in entries {
+            views.entry(e.view).or_insert_with(|| e.members.clone());
+        }
+    }
+    let mut reference: BTreeMap<u64, Option<Layout>> = BTreeMap::new();
+    let mut last: Option<Layout> = None;
+    let mut inadequate = 0;
+    for (view, members) in &views {
+        match StickyLayout.layout(specs, *view, members, last.as_ref()) {
+            Ok(layout) => {
+                check_layout(specs, members, &layout).map_err(|e| format!("view {view}: {e}"))?;
+                if let Some(before) = &last {
+                    for m in members {
+                        for (g, s, _) in before.shards_of(*m) {
+                            if !layout.shards[g][s].contains(m) {
+                                return Err(format!(
+                                    "stickiness: member {m} left shard {s} of subgroup {g} from view {} to view {view}",
+                                    before.view_id
+                                ));
+                            }
+                        }
+                    }
+                }
+                last = Some(layout.clone());
+                reference.insert(*view, Some(layout));
+            }
+            Err(crate::subgroup::LayoutError::Inadequate { .. }) => {
+                inadequate += 1;
+                reference.insert(*view, None);
+            }
+            Err(e) => return Err(format!("view {view}: {e}")),
+        }
+    }
+    let mut checked = 0;
+    for (member, entries) in view_logs {
+        // The layout this member starts from: the last adequate one
+        // before its first view (received with the state transfer).
+        let first = entries.first().map_or(0, |e| e.view);
+        let mut previous: Option<Layout> = reference.range(..first).rev().find_map(|(_, l)| l.clone());
+        for e in entries {
+            let mine = StickyLayout.layout(specs, e.view, &e.members, previous.as_ref()).ok();
+            let expected = reference.get(&e.view).cloned().flatten();
+            if mine != expected {
+                return Err(format!(
+                    "layout agreement: member {member} laid view {} out as {:?}, the group as {:?}",
+                    e.view,
+                    mine.map(|l| l.shards),
+                    expected.map(|l| l.shards)
+                ));
+            }
+            checked += 1;
+            if mine.is_some() {
+                previous = mine;
+            }
+        }
+    }
+    Ok((checked, inadequate))
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
