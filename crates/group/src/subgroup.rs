@@ -13,15 +13,18 @@
 //!  │ shard 0: {0, 1}            shard 1: {2, 3}         │ │ shard 0: {4, 5} │
 //!  └───────────────────────────────────────────────────┘ └─────────────────┘
 //!  member 2 fails → view 5: members 0 1 3 4 5 (+ a joiner 6)
-//!    kv shard 0 {0, 1} (kept)   kv shard 1 {3, 6} (3 kept, 6 fills the hole)
+//!    kv shard 0 {0, 1} (kept)   kv shard 1 {6, 3} (3 kept at shard rank 1,
+//!                                                  6 takes 2's shard rank 0)
 //! ```
 //!
 //! The layout is a pure function of the view (and the previous layout),
 //! recomputed at every view change, so every member computes the same
 //! one without a message: [`LayoutFunction`]. The default,
-//! [`StickyLayout`], keeps every surviving member in the shards it was in
-//! (its replicated state stays where it is) and fills holes with the
-//! view's members that no shard holds yet, lowest rank first; a
+//! [`StickyLayout`], keeps every surviving member in the shards it was in,
+//! at the same shard rank (its replicated state stays where it is, and
+//! its rank in the shard's group does not change), and fills the holes a
+//! departed member left, at its shard rank, with the view's members that
+//! no shard holds yet, lowest rank first; a
 //! subgroup marked `overlapping` draws from all members instead, so a
 //! member may belong to several subgroups. A view too small for the
 //! specification is *inadequate* ([`LayoutError::Inadequate`]): the
@@ -214,15 +217,18 @@ impl LayoutFunction for StickyLayout {
             let before = previous
                 .and_then(|p| p.shards.get(g))
                 .filter(|s| s.len() == spec.shards);
-            // Survivors first, each shard keeping its members in order.
-            let mut layout: Vec<Vec<usize>> = (0..spec.shards)
+            // Survivors first, each at its shard rank of before (a
+            // departed member leaves a hole at its rank).
+            let slots: Vec<Vec<Option<usize>>> = (0..spec.shards)
                 .map(|s| {
                     let kept = before.map(|b| b[s].as_slice()).unwrap_or(&[]);
-                    kept.iter()
-                        .copied()
-                        .filter(|m| view_members.contains(m))
+                    let mut shard: Vec<Option<usize>> = kept
+                        .iter()
                         .take(spec.members_per_shard)
-                        .collect()
+                        .map(|m| view_members.contains(m).then_some(*m))
+                        .collect();
+                    shard.resize(spec.members_per_shard, None);
+                    shard
                 })
                 .collect();
             let mut pool: Vec<usize> = if spec.overlapping {
@@ -233,24 +239,36 @@ impl LayoutFunction for StickyLayout {
             } else {
                 free.iter().copied().filter(|m| !reserved.contains(m)).collect()
             };
-            let held: Vec<usize> = layout.iter().flatten().copied().collect();
+            let held: Vec<usize> = slots.iter().flatten().flatten().copied().collect();
             pool.retain(|m| !held.contains(m));
             let mut next = pool.into_iter();
-            for (s, members) in layout.iter_mut().enumerate() {
-                while members.len() < spec.members_per_shard {
-                    match next.next() {
-                        Some(m) => members.push(m),
-                        None => {
-                            return Err(LayoutError::Inadequate {
-                                subgroup: spec.name.clone(),
-                                shard: s,
-                                need: spec.members_per_shard,
-                                have: members.len(),
-                                view_members: view_members.len(),
-                            })
-                        }
-                    }
+            let mut layout: Vec<Vec<usize>> = Vec::with_capacity(spec.shards);
+            for (s, shard) in slots.into_iter().enumerate() {
+                let survivors = shard.iter().flatten().count();
+                let mut filled = 0;
+                let mut members = Vec::with_capacity(spec.members_per_shard);
+                for slot in shard {
+                    let member = match slot {
+                        Some(m) => m,
+                        None => match next.next() {
+                            Some(m) => {
+                                filled += 1;
+                                m
+                            }
+                            None => {
+                                return Err(LayoutError::Inadequate {
+                                    subgroup: spec.name.clone(),
+                                    shard: s,
+                                    need: spec.members_per_shard,
+                                    have: survivors + filled,
+                                    view_members: view_members.len(),
+                                })
+                            }
+                        },
+                    };
+                    members.push(member);
                 }
+                layout.push(members);
             }
             if !spec.overlapping {
                 free.retain(|m| !layout.iter().flatten().any(|x| x == m));
@@ -352,8 +370,9 @@ pub fn check_layout(specs: &[SubgroupSpec], view_members: &[usize], layout: &Lay
 }
 
 /// The shard of `key` in a subgroup of `shards` shards: FNV-1a 64 of the
-/// key's bytes, mod `shards` (stable across processes, builds and
-/// platforms).
+/// key's bytes, mixed by MurmurHash3's 64-bit finalizer (FNV's low bits
+/// alone depend only on the bytes' low bits), mod `shards`. Stable across
+/// processes, builds and platforms.
 pub fn shard_of_key(key: &[u8], shards: usize) -> usize {
     assert!(shards > 0, "a subgroup has at least one shard");
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -361,6 +380,11 @@ pub fn shard_of_key(key: &[u8], shards: usize) -> usize {
         hash ^= u64::from(*b);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^= hash >> 33;
     (hash % shards as u64) as usize
 }
 
@@ -396,7 +420,8 @@ mod tests {
         let next = StickyLayout
             .layout(&specs, 2, &[0, 1, 3, 4, 5, 6], Some(&first))
             .unwrap();
-        assert_eq!(next.shards, vec![vec![vec![0, 1], vec![3, 6]], vec![vec![4, 5]]]);
+        // 6 takes member 2's place (shard rank 0); 3 keeps shard rank 1.
+        assert_eq!(next.shards, vec![vec![vec![0, 1], vec![6, 3]], vec![vec![4, 5]]]);
     }
 
     #[test]
@@ -477,14 +502,28 @@ mod tests {
 
     #[test]
     fn keys_spread_over_shards_the_same_way_everywhere() {
-        assert_eq!(shard_of_key(b"", 7), (0xcbf2_9ce4_8422_2325u64 % 7) as usize);
-        let mut per_shard = [0u32; 4];
-        for k in 0..4000u32 {
-            per_shard[shard_of_key(&k.to_le_bytes(), 4)] += 1;
+        // Pinned: a change here moves every key of every deployed map.
+        let pinned: Vec<usize> = [&b""[..], b"a", b"user:42", b"key-1"]
+            .iter()
+            .map(|k| shard_of_key(k, 1000))
+            .collect();
+        assert_eq!(pinned, PINNED_SHARDS_OF_1000);
+        for shards in [2usize, 4, 7] {
+            let mut per_shard = vec![0u32; shards];
+            for k in 0..4000u32 {
+                per_shard[shard_of_key(format!("user{k}").as_bytes(), shards)] += 1;
+            }
+            let fair = 4000 / shards as u32;
+            assert!(
+                per_shard.iter().all(|n| *n > fair * 8 / 10 && *n < fair * 12 / 10),
+                "{per_shard:?}"
+            );
         }
-        assert!(per_shard.iter().all(|n| *n > 800), "{per_shard:?}");
         assert_eq!(shard_group_name("store", "kv", 1), "store.kv.1");
     }
+
+    /// `shard_of_key` of "", "a", "user:42" and "key-1" over 1000 shards.
+    const PINNED_SHARDS_OF_1000: [usize; 4] = [342, 315, 112, 852];
 
     proptest! {
         /// Over a run of random view changes: every layout satisfies the
@@ -505,8 +544,8 @@ mod tests {
                         prop_assert!(check_layout(&specs, &view, &layout).is_ok());
                         if let Some(before) = &previous {
                             for m in &view {
-                                for (g, s, _) in before.shards_of(*m) {
-                                    prop_assert!(layout.shards[g][s].contains(m), "member {} left shard {}/{}", m, g, s);
+                                for (g, s, rank) in before.shards_of(*m) {
+                                    prop_assert_eq!(layout.shards[g][s][rank], *m, "member {} left its place in shard {}/{}", m, g, s);
                                 }
                             }
                         }

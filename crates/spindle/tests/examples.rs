@@ -154,3 +154,11 @@ fn large_shm_delivers_4_mib_messages_whole_in_one_order() {
     assert!(out.contains("OK: 3 members delivered the same"), "{out}");
     assert_eq!(out.matches("delivered whole at every member").count(), 3, "{out}");
 }
+
+#[test]
+fn sharded_map_keeps_each_shard_replicated_and_the_shards_disjoint() {
+    let out = run_example("sharded_map", &[], &[]);
+    assert!(out.contains("OK: each shard's 2 members hold the same map"), "{out}");
+    assert_eq!(out.matches("kv shard 0 (rank").count(), 2, "{out}");
+    assert_eq!(out.matches("kv shard 1 (rank").count(), 2, "{out}");
+}

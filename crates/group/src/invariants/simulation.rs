@@ -604,7 +604,8 @@ fn draw_subgroups(rng: &mut SimRng, n: usize) -> Vec<crate::subgroup::SubgroupSp
 /// - **layout invariants** ([`crate::subgroup::check_layout`]): every
 ///   shard full, its members in the view, shards disjoint;
 /// - **stickiness**: a member of consecutive adequate views stays in the
-///   shards it was in (its replicated state does not move).
+///   shards it was in, at the same shard rank (its replicated state does
+///   not move).
 ///
 /// Returns (layouts checked, inadequate views).
 pub fn check_subgroup_layouts(
@@ -632,10 +633,11 @@ pub fn check_subgroup_layouts(
                 check_layout(specs, members, &layout).map_err(|e| format!("view {view}: {e}"))?;
                 if let Some(before) = &last {
                     for m in members {
-                        for (g, s, _) in before.shards_of(*m) {
-                            if !layout.shards[g][s].contains(m) {
+                        for (g, s, rank) in before.shards_of(*m) {
+                            if layout.shards[g][s].get(rank) != Some(m) {
                                 return Err(format!(
-                                    "stickiness: member {m} left shard {s} of subgroup {g} from view {} to view {view}",
+                                    "stickiness: member {m} left its place (rank {rank}) in shard {s} of subgroup {g} \
+                                     from view {} to view {view}",
                                     before.view_id
                                 ));
                             }

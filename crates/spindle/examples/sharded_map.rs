@@ -1,0 +1,145 @@
+//! A sharded replicated map: 4 members, the subgroup "kv" in 2 shards of 2.
+//!
+//! ```sh
+//! cargo run --release -p spindle --example sharded_map
+//! ```
+//!
+//! Each member (a thread here, on shared memory; processes or hosts work
+//! the same way) joins its shard's group with `join_sharded`. A key lives
+//! on shard `shard_of_key(key)` only: each member puts the keys of its own
+//! shard by multicasting `key=value` in that shard, whose two members apply
+//! them in the same order. At the end each member prints its shard, its key
+//! count and a digest of its map: the two members of a shard hold the same
+//! map, the two shards hold disjoint halves of the keys.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use spindle::{Delivery, Group, Replicated, StateMachine, SubgroupSpec};
+
+const MEMBERS: usize = 4;
+const KEYS: usize = 2_000;
+
+/// One shard's replicated state.
+#[derive(Default)]
+struct Map {
+    entries: BTreeMap<String, String>,
+    /// Shard ranks whose `done` was applied (how the example knows both
+    /// members of the shard stopped putting).
+    done: Vec<usize>,
+}
+
+impl StateMachine for Map {
+    fn apply(&mut self, d: &Delivery<'_>) {
+        let text = String::from_utf8_lossy(d.payload);
+        if text == "done" {
+            self.done.push(d.sender_rank);
+        } else if let Some((key, value)) = text.split_once('=') {
+            self.entries.insert(key.to_string(), value.to_string());
+        }
+    }
+    fn snapshot(&self, out: &mut Vec<u8>) {
+        for (k, v) in &self.entries {
+            out.extend_from_slice(format!("{k}={v}\n").as_bytes());
+        }
+    }
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        let text = std::str::from_utf8(snapshot).map_err(|e| format!("snapshot is not UTF-8: {e}"))?;
+        self.entries = text
+            .lines()
+            .map(|line| {
+                line.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .ok_or_else(|| format!("bad snapshot line '{line}'"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }
+}
+
+fn digest(map: &Map) -> u64 {
+    map.entries.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, (k, v)| {
+        k.bytes()
+            .chain(v.bytes())
+            .fold(h, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    })
+}
+
+/// What a member ends with: (its rank, its shard, the shard's keys).
+type Outcome = (usize, usize, BTreeMap<String, String>);
+
+fn member(name: &str, rank: usize) -> Result<Outcome, spindle::Error> {
+    let mut sharded = Group::builder(name)
+        .members(MEMBERS)
+        .rank(rank)
+        .subgroup(SubgroupSpec::new("kv", 2, 2))
+        .join_sharded(|_subgroup, _shard| Replicated::new(Map::default()))?;
+    let shard = sharded.my_shard("kv").expect("every member is in a kv shard");
+    let shard_rank = sharded.shards()[0]
+        .members
+        .iter()
+        .position(|m| *m == rank)
+        .expect("in its shard");
+    // The keys of this shard; the shard's two members take turns.
+    let mut mine: Vec<usize> = Vec::new();
+    for i in (0..KEYS).filter(|i| i % 2 == shard_rank) {
+        if sharded.shard_of_key("kv", format!("user{i}").as_bytes())? == shard {
+            mine.push(i);
+        }
+    }
+    for i in &mine {
+        let put = format!("user{i}=member {rank}");
+        while sharded.send("kv", put.as_bytes()).is_err() {
+            sharded.poll()?;
+        }
+    }
+    while sharded.send("kv", b"done").is_err() {
+        sharded.poll()?;
+    }
+    sharded.run_until(Duration::from_secs(30), |s| {
+        s.shards()[0].group.app().state.done.len() == 2
+    })?;
+    let map = sharded.finish_together(Duration::from_secs(30))?.remove(0).state;
+    println!(
+        "member {rank}: kv shard {shard} (rank {shard_rank} of 2), put {} keys, holds {} keys, digest {:016x}",
+        mine.len(),
+        map.entries.len(),
+        digest(&map)
+    );
+    Ok((rank, shard, map.entries))
+}
+
+fn main() {
+    let name = format!("sharded-map-{}", std::process::id());
+    let threads: Vec<_> = (0..MEMBERS)
+        .map(|rank| {
+            let name = name.clone();
+            std::thread::spawn(move || member(&name, rank))
+        })
+        .collect();
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for (rank, t) in threads.into_iter().enumerate() {
+        match t.join().expect("member thread") {
+            Ok(o) => outcomes.push(o),
+            Err(e) => {
+                eprintln!("member {rank}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let of_shard =
+        |s: usize| -> Vec<&BTreeMap<String, String>> { outcomes.iter().filter(|o| o.1 == s).map(|o| &o.2).collect() };
+    let (zero, one) = (of_shard(0), of_shard(1));
+    let same = zero.len() == 2 && one.len() == 2 && zero[0] == zero[1] && one[0] == one[1];
+    let disjoint = zero[0].keys().all(|k| !one[0].contains_key(k));
+    let total = zero[0].len() + one[0].len();
+    if !(same && disjoint && total == KEYS) {
+        eprintln!("FAILED: replicas equal {same}, shards disjoint {disjoint}, {total} of {KEYS} keys");
+        std::process::exit(1);
+    }
+    println!(
+        "OK: each shard's 2 members hold the same map ({} and {} keys); the shards are disjoint and hold all {KEYS} keys",
+        zero[0].len(),
+        one[0].len()
+    );
+}
