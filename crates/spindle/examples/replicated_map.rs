@@ -12,67 +12,14 @@
 //! gets a snapshot of the map from the group and applies what follows. At
 //! the end every member prints a digest of its map; they are equal.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use spindle::{Delivery, Group, GroupBuilder, Replicated, StateMachine, View};
+use spindle::{Group, GroupBuilder, Replicated};
 
-/// The replicated state: an ordered map from key to value.
-#[derive(Default)]
-struct Map {
-    entries: BTreeMap<String, String>,
-    /// Members whose last command (`done`) was applied: not replicated
-    /// state, just how the example knows everyone stopped putting.
-    done: Vec<usize>,
-}
-
-impl StateMachine for Map {
-    fn apply(&mut self, d: &Delivery<'_>) {
-        let text = String::from_utf8_lossy(d.payload);
-        if text == "done" {
-            self.done.push(d.sender_rank);
-        } else if let Some((key, value)) = text.split_once('=') {
-            self.entries.insert(key.to_string(), value.to_string());
-        }
-    }
-    fn snapshot(&self, out: &mut Vec<u8>) {
-        for (k, v) in &self.entries {
-            out.extend_from_slice(format!("{k}={v}\n").as_bytes());
-        }
-    }
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        let text = std::str::from_utf8(snapshot).map_err(|e| format!("snapshot is not UTF-8: {e}"))?;
-        self.entries = text
-            .lines()
-            .map(|line| {
-                line.split_once('=')
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .ok_or_else(|| format!("bad snapshot line '{line}'"))
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(())
-    }
-    fn view_installed(&mut self, view: &View) {
-        println!(
-            "[pid {}] view {} installed: members {:?} (joined {:?}, departed {:?})",
-            std::process::id(),
-            view.id,
-            view.members,
-            view.joined,
-            view.departed
-        );
-    }
-}
-
-fn digest(map: &Map) -> u64 {
-    let mut out = Vec::new();
-    map.snapshot(&mut out);
-    out.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
-    })
-}
+mod common;
+use common::{digest, Map};
 
 fn builder(rank: usize) -> GroupBuilder<Replicated<Map>> {
     let name = format!("replicated-map-{}", std::env::var("MAP_RUN").expect("set by main"));
@@ -80,7 +27,10 @@ fn builder(rank: usize) -> GroupBuilder<Replicated<Map>> {
         .members(3)
         .rank(rank)
         .suspect_timeout(Duration::from_millis(300))
-        .state_machine(Map::default())
+        .state_machine(Map {
+            print_views: true,
+            ..Map::default()
+        })
 }
 
 /// One member: put a key every millisecond until `stop` appears, then

@@ -15,55 +15,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use spindle::{Delivery, Group, Replicated, StateMachine, SubgroupSpec};
+use spindle::{Group, Replicated, SubgroupSpec};
 
 const MEMBERS: usize = 4;
 const KEYS: usize = 2_000;
 
-/// One shard's replicated state.
-#[derive(Default)]
-struct Map {
-    entries: BTreeMap<String, String>,
-    /// Shard ranks whose `done` was applied (how the example knows both
-    /// members of the shard stopped putting).
-    done: Vec<usize>,
-}
-
-impl StateMachine for Map {
-    fn apply(&mut self, d: &Delivery<'_>) {
-        let text = String::from_utf8_lossy(d.payload);
-        if text == "done" {
-            self.done.push(d.sender_rank);
-        } else if let Some((key, value)) = text.split_once('=') {
-            self.entries.insert(key.to_string(), value.to_string());
-        }
-    }
-    fn snapshot(&self, out: &mut Vec<u8>) {
-        for (k, v) in &self.entries {
-            out.extend_from_slice(format!("{k}={v}\n").as_bytes());
-        }
-    }
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        let text = std::str::from_utf8(snapshot).map_err(|e| format!("snapshot is not UTF-8: {e}"))?;
-        self.entries = text
-            .lines()
-            .map(|line| {
-                line.split_once('=')
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .ok_or_else(|| format!("bad snapshot line '{line}'"))
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(())
-    }
-}
-
-fn digest(map: &Map) -> u64 {
-    map.entries.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, (k, v)| {
-        k.bytes()
-            .chain(v.bytes())
-            .fold(h, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
-    })
-}
+mod common;
+use common::{digest, Map};
 
 /// What a member ends with: (its rank, its shard, the shard's keys).
 type Outcome = (usize, usize, BTreeMap<String, String>);
