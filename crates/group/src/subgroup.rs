@@ -199,38 +199,41 @@ impl LayoutFunction for StickyLayout {
         let mut free: Vec<usize> = view_members.to_vec();
         free.sort_unstable();
         free.dedup();
-        // Survivors that a disjoint subgroup held in the previous view
-        // stay there: no other subgroup fills a hole with them.
-        let reserved: Vec<usize> = previous
-            .map(|p| {
-                p.shards
-                    .iter()
-                    .zip(specs)
-                    .filter(|(_, spec)| !spec.overlapping)
-                    .flat_map(|(shards, _)| shards.iter().flatten().copied())
-                    .filter(|m| view_members.contains(m))
+        // Survivors first, each at its shard rank of the previous layout
+        // (a departed member leaves a hole at its rank). Subgroups pair
+        // with the previous layout's by position: the specification does
+        // not change while a group runs.
+        let all_slots: Vec<Vec<Vec<Option<usize>>>> = specs
+            .iter()
+            .enumerate()
+            .map(|(g, spec)| {
+                let before = previous
+                    .and_then(|p| p.shards.get(g))
+                    .filter(|s| s.len() == spec.shards);
+                (0..spec.shards)
+                    .map(|s| {
+                        let kept = before.map(|b| b[s].as_slice()).unwrap_or(&[]);
+                        let mut shard: Vec<Option<usize>> = kept
+                            .iter()
+                            .take(spec.members_per_shard)
+                            .map(|m| view_members.contains(m).then_some(*m))
+                            .collect();
+                        shard.resize(spec.members_per_shard, None);
+                        shard
+                    })
                     .collect()
             })
-            .unwrap_or_default();
+            .collect();
+        // The survivors a disjoint subgroup keeps: no other subgroup
+        // fills a hole with them.
+        let reserved: Vec<usize> = all_slots
+            .iter()
+            .zip(specs)
+            .filter(|(_, spec)| !spec.overlapping)
+            .flat_map(|(slots, _)| slots.iter().flatten().flatten().copied())
+            .collect();
         let mut shards = Vec::with_capacity(specs.len());
-        for (g, spec) in specs.iter().enumerate() {
-            let before = previous
-                .and_then(|p| p.shards.get(g))
-                .filter(|s| s.len() == spec.shards);
-            // Survivors first, each at its shard rank of before (a
-            // departed member leaves a hole at its rank).
-            let slots: Vec<Vec<Option<usize>>> = (0..spec.shards)
-                .map(|s| {
-                    let kept = before.map(|b| b[s].as_slice()).unwrap_or(&[]);
-                    let mut shard: Vec<Option<usize>> = kept
-                        .iter()
-                        .take(spec.members_per_shard)
-                        .map(|m| view_members.contains(m).then_some(*m))
-                        .collect();
-                    shard.resize(spec.members_per_shard, None);
-                    shard
-                })
-                .collect();
+        for (spec, slots) in specs.iter().zip(all_slots) {
             let mut pool: Vec<usize> = if spec.overlapping {
                 let mut all = view_members.to_vec();
                 all.sort_unstable();

@@ -275,6 +275,12 @@ impl GroupFile {
         };
         let name = string(&get("name"), "group.name")?.ok_or("missing key group.name")?;
         spindle_fabric::shm::validate_group_name(&name).map_err(|e| format!("group.name = \"{name}\": {e}"))?;
+        for (i, spec) in subgroups.iter().enumerate() {
+            let last = spindle_group::subgroup::shard_group_name(&name, &spec.name, spec.shards - 1);
+            spindle_fabric::shm::validate_group_name(&last).map_err(|e| {
+                format!("subgroups[{i}]: its shards' group names ({last}) are not valid group names: {e}")
+            })?;
+        }
         let transport = string(&get("transport"), "group.transport")?.expect("default");
         if transport != "tcp" && transport != "shm" && !is_ofi(&transport) {
             return Err(format!(
@@ -906,6 +912,10 @@ mod tests {
             ("senders = [0]", "senders = [2]"),
             ("mode = \"unordered\"", "mode = \"loose\""),
             ("members_per_shard = 2", "members_per_shard = 2\nreplicas = 3"),
+            (
+                "name = \"g1\"",
+                "name = \"a-group-name-of-forty-five-bytes-in-the-tests\"",
+            ),
         ] {
             let text = four.replace(bad, needle);
             let e = parse(&text, &[]).expect_err(needle);
@@ -914,6 +924,7 @@ mod tests {
                 "name = \"k v\"" => "subgroup \"k v\"",
                 "senders = [2]" => "subgroups[0].senders = [2]",
                 "mode = \"loose\"" => "subgroups[0].mode = \"loose\"",
+                "name = \"a-group-name-of-forty-five-bytes-in-the-tests\"" => "subgroups[0]: its shards' group names",
                 _ => "unknown key subgroups[0].replicas",
             };
             assert!(e.contains(expect), "{needle}: {e}");

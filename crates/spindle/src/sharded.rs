@@ -76,11 +76,11 @@ impl<A: Upcalls> GroupBuilder<A> {
     }
 
     /// Join the group of every shard this member is in, making each
-    /// shard's application with `make_app(subgroup, shard)`. Every member
-    /// joins its shards in the same order (subgroup, then shard), so
-    /// members that share several shards never wait on each other in a
-    /// cycle. A member in no shard gets a `Sharded` with none (it may
-    /// still ask [`Sharded::shard_of_key`]).
+    /// shard's application with `make_app(subgroup, shard)`. The joins run
+    /// at once, one thread each, so a member in several shards is in all
+    /// of them while it waits for the others' members. A member in no
+    /// shard gets a `Sharded` with none (it may still ask
+    /// [`Sharded::shard_of_key`]).
     ///
     /// On tcp (and ofi) each shard's group uses its members' addresses
     /// from the transport, so a member may be in one shard only there
@@ -101,6 +101,25 @@ impl<A: Upcalls> GroupBuilder<A> {
                 "rank {} is not a member: the group has {members} members",
                 self.rank
             )));
+        }
+        let addresses = match &self.transport {
+            Transport::Shm => None,
+            Transport::Tcp(tcp) => Some(tcp.members.len()),
+            Transport::Ofi(ofi) => Some(ofi.tcp.members.len()),
+        };
+        if let Some(n) = addresses.filter(|n| *n != members) {
+            return Err(Error::Config(format!(
+                "the transport lists {n} member addresses but the group has {members} members"
+            )));
+        }
+        for spec in &self.subgroups {
+            let last = subgroup::shard_group_name(&self.config.name, &spec.name, spec.shards.saturating_sub(1));
+            spindle_fabric::shm::validate_group_name(&last).map_err(|e| {
+                Error::Config(format!(
+                    "subgroup {:?}: its shards' group names ({last}) are not valid group names: {e}",
+                    spec.name
+                ))
+            })?;
         }
         let view: Vec<usize> = self.config.initial_ranks();
         let function: &dyn LayoutFunction = match &self.layout_function {

@@ -147,6 +147,14 @@ fn bad_layouts_are_refused_with_the_reason() {
         .expect("a bad name");
     assert!(e.to_string().contains("subgroup \"k v\""), "{e}");
 
+    let e = Group::builder(&unique("sg-a-group-name-of-some-length"))
+        .members(2)
+        .subgroup(SubgroupSpec::new("a-subgroup-name-too", 1, 2))
+        .join_sharded(|_, _| Callbacks::default())
+        .err()
+        .expect("a shard group name over 48 bytes");
+    assert!(e.to_string().contains("are not valid group names"), "{e}");
+
     let listeners: Vec<_> = (0..2).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     let addresses: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
     let mut twice = SubgroupSpec::new("b", 1, 2);
@@ -162,6 +170,24 @@ fn bad_layouts_are_refused_with_the_reason() {
         .err()
         .expect("one member in two shards over tcp");
     assert!(e.to_string().contains("in 2 shards: on tcp or ofi"), "{e}");
+
+    let two = TcpTransport::new(
+        listeners.iter().map(|l| l.local_addr().unwrap()).collect(),
+        b"a-sixteen-byte-key!".to_vec(),
+    );
+    let e = Group::builder(&unique("sg-count"))
+        .transport(Transport::Tcp(two))
+        .members(4)
+        .rank(3)
+        .subgroup(SubgroupSpec::new("kv", 2, 2))
+        .join_sharded(|_, _| Callbacks::default())
+        .err()
+        .expect("4 members, 2 addresses");
+    assert!(
+        e.to_string()
+            .contains("lists 2 member addresses but the group has 4 members"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -655,12 +655,23 @@ pub fn check_subgroup_layouts(
         }
     }
     let mut checked = 0;
+    // The last adequate layout before `view`: what a member that did not
+    // lay out the views before it starts from (a joiner receives it with
+    // the state transfer).
+    let transferred = |view: u64| reference.range(..view).rev().find_map(|(_, l)| l.clone());
     for (member, entries) in view_logs {
-        // The layout this member starts from: the last adequate one
-        // before its first view (received with the state transfer).
-        let first = entries.first().map_or(0, |e| e.view);
-        let mut previous: Option<Layout> = reference.range(..first).rev().find_map(|(_, l)| l.clone());
+        let mut previous: Option<Layout> = None;
+        let mut previous_view: Option<u64> = None;
         for e in entries {
+            // A member's log holds the view it had at the end of each
+            // step: two views installed within one step show as one. Where
+            // the log skips the chain's view before this one, the member
+            // laid that one out too; start from the group's layout of it.
+            let predecessor = views.range(..e.view).next_back().map(|(v, _)| *v);
+            if previous_view.is_none() || previous_view != predecessor {
+                previous = transferred(e.view);
+            }
+            previous_view = Some(e.view);
             let mine = StickyLayout.layout(specs, e.view, &e.members, previous.as_ref()).ok();
             let expected = reference.get(&e.view).cloned().flatten();
             if mine != expected {
