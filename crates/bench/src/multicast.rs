@@ -171,7 +171,10 @@ impl MulticastArgs {
                 self.transport
             ));
         }
-        if self.subgroups == 0 || !self.members.is_multiple_of(self.subgroups) {
+        if self.subgroups == 0 {
+            return Err("--subgroups 0: at least 1 (one shard is the plain group)".into());
+        }
+        if !self.members.is_multiple_of(self.subgroups) {
             return Err(format!(
                 "--subgroups {} must divide --members {} (shards of equal size)",
                 self.subgroups, self.members
