@@ -459,6 +459,9 @@ pub(super) struct NodeRow {
     pub(super) overruns: u64,
     pub(super) messages_moved: u64,
     pub(super) messages_missing: u64,
+    /// Of `messages_moved`: taken from the slot a missed receive left
+    /// (late for the application's period, not lost).
+    pub(super) messages_caught_up: u64,
     pub(super) messages_torn: u64,
     pub(super) release_jitter_ns: Summary,
     pub(super) send_exec_ns: Summary,
@@ -494,6 +497,7 @@ pub(super) fn node_row(r: &MemberReport, run: &RunReport) -> NodeRow {
         overruns: run.counters.overruns,
         messages_moved: run.counters.messages_moved,
         messages_missing: run.counters.messages_missing,
+        messages_caught_up: run.counters.messages_caught_up,
         messages_torn: run.counters.messages_torn,
         release_jitter_ns: run.release_jitter_ns,
         send_exec_ns: run.send_exec_ns,

@@ -241,6 +241,10 @@ impl<F: Fabric> RtNode<F> {
             receive_exec_ns: Vec::with_capacity(jobs as usize),
             ..RunStats::default()
         };
+        // Periods start again at 0: no receive has a period to catch up.
+        for c in &mut self.channels {
+            c.receive_next_period = 0;
+        }
         self.active = Some(Active {
             core,
             budget_ns: config.clock_bound_budget_ns,

@@ -3,7 +3,7 @@
 //! ([`crate::seqlock`]); the application fills and drains the buffer
 //! pools from its computation tasks ([`TaskContext`]).
 
-use spindle_fabric::Fabric;
+use spindle_fabric::{Fabric, RowRef};
 
 use super::{ChannelState, MissKind, RtNode};
 use crate::buffers::BufferError;
@@ -110,41 +110,88 @@ impl<F: Fabric> RtNode<F> {
     }
 
     /// Zero-sided receive: take slot `period % 2` of the sender's row into
-    /// the output iterator. Returns (moved, overflowed) or the miss kind.
-    pub(super) fn receive_job(&mut self, c: usize, period: u64) -> Result<(u64, u64), MissKind> {
+    /// the output iterator. Returns what it moved, or the miss kind.
+    ///
+    /// Catch-up: when the previous period's message was not taken (that
+    /// receive job was missed, or found the sender's slot not yet
+    /// published), it is taken first from slot `(period − 1) % 2`, which
+    /// holds it until the sender begins period `period + 1`. So one
+    /// missed receive in a row loses nothing; its miss is still reported
+    /// as it happened.
+    pub(super) fn receive_job(&mut self, c: usize, period: u64) -> Result<Received, MissKind> {
         let ch = &mut self.channels[c];
-        let area = ch.area;
         let row = self.fabric.row(ch.spec.sender);
-        if !seqlock::is_published(row.u64_at(area.guard.offset()), period) {
-            return Err(MissKind::MessageMissing);
-        }
-        // Word loads: sound even while a writer that laps us rewrites the
-        // slot; such a copy is detected by the `begin` check and discarded,
-        // so torn bytes never reach the application (see `crate::seqlock`).
-        row.copy_atomic(area.slot_offset(period), &mut ch.scratch);
-        let intact = seqlock::copy_is_intact(row.u64_at(area.begin.offset()), period);
-        let slot_period = u64::from_le_bytes(ch.scratch[0..8].try_into().expect("8 bytes"));
-        if !intact || slot_period != period {
-            return Err(MissKind::MessageTorn);
-        }
-        let count = u32::from_le_bytes(ch.scratch[8..12].try_into().expect("4 bytes")) as usize;
-        let count = count.min(area.messages_per_period_max);
-        let output = ch
-            .output
-            .as_mut()
-            .expect("receive task on a node that does not receive");
-        let (mut moved, mut overflow) = (0, 0);
-        for i in 0..count {
-            let at = SLOT_HEADER_BYTES + i * area.record_bytes();
-            let len = u32::from_le_bytes(ch.scratch[at..at + 4].try_into().expect("4 bytes")) as usize;
-            let key = u64::from_le_bytes(ch.scratch[at + 8..at + 16].try_into().expect("8 bytes"));
-            let len = len.min(area.message_bytes_max);
-            let msg = &ch.scratch[at + MESSAGE_HEADER_BYTES..at + MESSAGE_HEADER_BYTES + len];
-            match output.insert(msg, key) {
-                Ok(()) => moved += 1,
-                Err(_) => overflow += 1,
+        let mut received = Received::default();
+        if ch.receive_next_period < period {
+            // Only the period just before can still be in its slot.
+            if let Ok((moved, overflow)) = take_slot(ch, &row, period - 1) {
+                received.moved += moved;
+                received.caught_up += moved;
+                received.overflow += overflow;
             }
         }
-        Ok((moved, overflow))
+        let (moved, overflow) = match take_slot(ch, &row, period) {
+            Ok(taken) => taken,
+            Err(kind) => {
+                // The next job tries this period's slot again.
+                ch.receive_next_period = period;
+                return Err(kind);
+            }
+        };
+        ch.receive_next_period = period + 1;
+        received.moved += moved;
+        received.overflow += overflow;
+        Ok(received)
     }
+}
+
+/// What a receive job moved into the output iterator.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Received {
+    /// Messages inserted, the caught-up ones included.
+    pub moved: u64,
+    /// Of `moved`: taken from the previous period's slot.
+    pub caught_up: u64,
+    /// Messages the full output iterator refused.
+    pub overflow: u64,
+}
+
+/// Copy the slot of `period` from the sender's `row` under the seqlock and
+/// insert its messages into the channel's output iterator. Returns
+/// (moved, overflowed) or why nothing was taken.
+fn take_slot(ch: &mut ChannelState, row: &RowRef<'_>, period: u64) -> Result<(u64, u64), MissKind> {
+    let area = ch.area;
+    if !seqlock::is_published(row.u64_at(area.guard.offset()), period) {
+        return Err(MissKind::MessageMissing);
+    }
+    // Word loads: sound even while a writer that laps us rewrites the
+    // slot; such a copy is detected by the `begin` check and discarded,
+    // so torn bytes never reach the application (see `crate::seqlock`).
+    row.copy_atomic(area.slot_offset(period), &mut ch.scratch);
+    let intact = seqlock::copy_is_intact(row.u64_at(area.begin.offset()), period);
+    // The slot names its period: a slot from an earlier period (or an
+    // earlier commit, whose periods restarted) is never taken for this one.
+    let slot_period = u64::from_le_bytes(ch.scratch[0..8].try_into().expect("8 bytes"));
+    if !intact || slot_period != period {
+        return Err(MissKind::MessageTorn);
+    }
+    let count = u32::from_le_bytes(ch.scratch[8..12].try_into().expect("4 bytes")) as usize;
+    let count = count.min(area.messages_per_period_max);
+    let output = ch
+        .output
+        .as_mut()
+        .expect("receive task on a node that does not receive");
+    let (mut moved, mut overflow) = (0, 0);
+    for i in 0..count {
+        let at = SLOT_HEADER_BYTES + i * area.record_bytes();
+        let len = u32::from_le_bytes(ch.scratch[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let key = u64::from_le_bytes(ch.scratch[at + 8..at + 16].try_into().expect("8 bytes"));
+        let len = len.min(area.message_bytes_max);
+        let msg = &ch.scratch[at + MESSAGE_HEADER_BYTES..at + MESSAGE_HEADER_BYTES + len];
+        match output.insert(msg, key) {
+            Ok(()) => moved += 1,
+            Err(_) => overflow += 1,
+        }
+    }
+    Ok((moved, overflow))
 }

@@ -56,6 +56,11 @@ pub struct RunCounters {
     pub messages_moved: u64,
     pub messages_missing: u64,
     pub messages_torn: u64,
+    /// Of `messages_moved`: taken by a receive job from the previous
+    /// period's slot, because that period's receive was missed or found
+    /// no message yet (see `RtNode::receive_job`).
+    #[serde(default)]
+    pub messages_caught_up: u64,
     pub receive_overflow: u64,
     /// Jobs run while the clock's bound exceeded the budget (or it was unsynced).
     pub clock_over_budget: u64,
@@ -313,9 +318,10 @@ impl<F: Fabric> RtNode<F> {
             TaskRef::Receive(c) => {
                 let result = self.receive_job(c, job.period);
                 match result {
-                    Ok((moved, overflow)) => {
-                        stats.counters.messages_moved += moved;
-                        stats.counters.receive_overflow += overflow;
+                    Ok(received) => {
+                        stats.counters.messages_moved += received.moved;
+                        stats.counters.messages_caught_up += received.caught_up;
+                        stats.counters.receive_overflow += received.overflow;
                         None
                     }
                     Err(kind) => {

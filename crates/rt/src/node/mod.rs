@@ -64,6 +64,10 @@ struct ChannelState {
     input: Option<BufferPool>,
     output: Option<BufferPool>,
     scratch: Box<[u8]>,
+    /// Receivers: the first period whose message this node has not taken
+    /// yet (0 at each commit, whose periods start again at 0); a receive
+    /// job of a later period catches the one before it up.
+    receive_next_period: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +132,7 @@ impl<F: Fabric> RtNode<F> {
                 scratch: vec![0u8; area.slot_bytes()].into_boxed_slice(),
                 spec,
                 area,
+                receive_next_period: 0,
             });
         }
         let generation = fabric
@@ -177,6 +182,7 @@ impl<F: Fabric> RtNode<F> {
         self.active = None;
         self.computations.clear();
         for c in &mut self.channels {
+            c.receive_next_period = 0;
             c.input
                 .iter_mut()
                 .chain(c.output.iter_mut())
