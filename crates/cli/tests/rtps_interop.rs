@@ -5,8 +5,10 @@
 //! domain id, so the tests may run at once. The late-joiner test's reader
 //! is Python's `cyclonedds` (PyPI, installed by `.ci/run`).
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 const SPINDLE: &str = env!("CARGO_BIN_EXE_spindle");
@@ -177,7 +179,7 @@ fn cyclone_to_spindle_with(domain: u16, size: usize, rate_hz: u32, malformed: bo
 /// sub` (reliable, keep-all) counts them and the gaps it saw.
 fn spindle_to_cyclone(domain: u16, size: usize, rate_hz: u32) {
     let ddsperf = ddsperf();
-    let sub = Reaped(
+    let mut sub = Reaped(
         Command::new(&ddsperf)
             .env("CYCLONEDDS_URI", cyclone_uri())
             .args([
@@ -195,6 +197,19 @@ fn spindle_to_cyclone(domain: u16, size: usize, rate_hz: u32) {
             .spawn()
             .expect("spawn ddsperf sub"),
     );
+    // ddsperf's report lines as they come (it writes one line at a time),
+    // and all of them once it exits.
+    let stdout = sub.0.stdout.take().expect("ddsperf stdout is piped");
+    let (line_tx, lines) = mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = line_tx.send(line);
+        }
+        all
+    });
     let (_dir, json) = json_file("pub.json");
     let publisher = Reaped(
         Command::new(SPINDLE)
@@ -224,30 +239,51 @@ fn spindle_to_cyclone(domain: u16, size: usize, rate_hz: u32) {
     let result: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(result["acked"], true, "every RTPS reader acknowledged: {result}");
     assert_eq!(result["bridge"]["to_rtps"], 10_000, "{result}");
-    // ddsperf prints "... total N lost L ..." once a second; give it one
-    // more report after the last sample, then stop it.
-    std::thread::sleep(Duration::from_millis(2500));
-    let mut sub = sub;
+    // ddsperf prints "... total N lost L ..." in the second after new
+    // samples were taken (and nothing when none were). Every reader
+    // acknowledged the last sample, but ddsperf may take and count it
+    // later on a loaded host: wait for its report of all 10,000, bounded,
+    // then stop it. A run that never reports them fails below.
+    let is_report = |l: &str| l.contains(" total ") && l.contains(&format!("size {size} "));
+    let waited = Instant::now();
+    while waited.elapsed() < DDSPERF_REPORT_WAIT {
+        match lines.recv_timeout(Duration::from_millis(200)) {
+            Ok(l) if is_report(&l) && report_field(&l, "total") >= 10_000 => break,
+            Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
     // SAFETY: kill(2) on the ddsperf child's pid: no memory effects.
     unsafe {
         libc::kill(sub.0.id() as i32, libc::SIGINT);
     }
     let _ = sub.0.wait();
     let out = finish(sub, "ddsperf sub");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let stdout = reader.join().expect("ddsperf stdout reader");
+    let text = stdout + &String::from_utf8_lossy(&out.stderr);
     let last = text
         .lines()
-        .rfind(|l| l.contains(" total ") && l.contains(&format!("size {size} ")))
+        .rfind(|l| is_report(l))
         .unwrap_or_else(|| panic!("no ddsperf report line: {text}"));
-    let field = |name: &str| -> u64 {
-        last.split_whitespace()
-            .skip_while(|w| *w != name)
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {last:?}"))
-    };
-    assert_eq!(field("total"), 10_000, "ddsperf got every sample once: {last}");
-    assert_eq!(field("lost"), 0, "ddsperf saw no gap: {last}");
+    assert_eq!(
+        report_field(last, "total"),
+        10_000,
+        "ddsperf got every sample once: {last}"
+    );
+    assert_eq!(report_field(last, "lost"), 0, "ddsperf saw no gap: {last}");
+}
+
+/// How long `spindle_to_cyclone` waits, after the publisher is done, for
+/// ddsperf to report every sample (a liveness bound, not a speed target).
+const DDSPERF_REPORT_WAIT: Duration = Duration::from_secs(30);
+
+/// The number after `name` in a ddsperf report line.
+fn report_field(line: &str, name: &str) -> u64 {
+    line.split_whitespace()
+        .skip_while(|w| *w != name)
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
 }
 
 #[test]
