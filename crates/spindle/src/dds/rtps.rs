@@ -496,12 +496,25 @@ impl<T> RtpsBridge<T> {
         self.shared.writers_matched.load(Ordering::Relaxed)
     }
 
-    /// Wait up to `timeout` until at least `n` RTPS readers matched; the
-    /// count matched.
+    /// Wait up to `timeout` until at least `n` RTPS readers matched, then
+    /// [`RTPS_MATCH_SETTLE`] more so that those readers have matched this
+    /// writer too; the count matched. Call it before the first write that
+    /// a volatile reader must get.
     pub fn wait_for_rtps_readers(&self, n: u64, timeout: Duration) -> Result<u64, DdsError> {
-        self.wait_matched(n, timeout, "RTPS readers", |s| {
+        let matched = self.wait_matched(n, timeout, "RTPS readers", |s| {
             s.readers_matched.load(Ordering::Relaxed)
-        })
+        })?;
+        if n > 0 {
+            let until = std::time::Instant::now() + RTPS_MATCH_SETTLE;
+            // Bounded by RTPS_MATCH_SETTLE; a failed bridge ends it early.
+            while std::time::Instant::now() < until {
+                if let Some(why) = self.failure() {
+                    return Err(DdsError::Stopped(why));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(matched)
     }
 
     /// Wait up to `timeout` until at least `n` RTPS writers matched.
@@ -624,6 +637,19 @@ struct BridgeWorker<T: RtpsType> {
 /// samples, acknowledged all the same). One sample alone, acknowledged,
 /// puts the reader in step before the burst.
 const RTPS_SYNC_WAIT: Duration = Duration::from_secs(1);
+
+/// How long [`RtpsBridge::wait_for_rtps_readers`] waits after the match.
+/// The match it sees is one-sided: this writer learned of the remote
+/// reader (its SEDP announcement came in). The remote reader learns of
+/// this writer from this participant's announcement, which may come later
+/// (it waits for this participant's SPDP, or for a repair on the next SEDP
+/// heartbeat, 1 s at the slowest in rustdds), and rustdds does not show
+/// when it did. A Cyclone DDS reader drops DATA from a writer it has not
+/// matched yet and, volatile, later counts that sample as history written
+/// before it joined: the first sample was lost this way (`ddsperf sub`:
+/// `total 9999 lost 0`) when the first write followed the match at once.
+/// One SEDP heartbeat period and a half covers a repaired announcement.
+pub const RTPS_MATCH_SETTLE: Duration = Duration::from_millis(1500);
 
 /// Most matched endpoints a bridge tracks per side.
 const MATCHED_ENDPOINTS_MAX: usize = 4096;
