@@ -17,6 +17,14 @@
 //!   (the others install a view without it at once), flushes its delivery
 //!   log, removes its files and exits 0. A second signal exits at once
 //!   (status 128 + the signal), still removing its files.
+//!
+//! A file with `[[subgroups]]` makes a sharded member: the members are
+//! laid out into shards by the default layout (`StickyLayout` over the
+//! file's members, the layout the file was checked with), and the member
+//! runs the workload in every shard it is in, each shard its own group
+//! (`{group.name}.{subgroup}.{shard}`) with the subgroup's mode and
+//! senders, at once, one thread each. It reports per shard; a member in
+//! no shard says so and exits 0.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +33,7 @@ use std::sync::Arc;
 use clap::Args;
 
 use spindle::config::GroupFile;
+use spindle::{LayoutFunction, StickyLayout};
 use spindle_bench::member::{MemberSpec, TlsPaths};
 use spindle_bench::payload::PAYLOAD_BYTES_MIN;
 use spindle_bench::report::{MemberResult, Percentiles};
@@ -102,21 +111,6 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     }
     remove_stale_run_dirs();
     let result_dir = spindle_bench::tempdir("run")?;
-    let mut own_files = vec![result_dir.clone()];
-    if file.transport == "tcp" {
-        own_files.push(spindle_fabric::tcp::stat::stat_file_path(
-            Path::new("/dev/shm"),
-            &file.name,
-            rank,
-        ));
-    }
-    let stop = match on_signals(own_files) {
-        Ok(stop) => stop,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&result_dir);
-            return Err(e);
-        }
-    };
     let count = if args.seconds.is_some() || args.service {
         0
     } else {
@@ -161,65 +155,259 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         handshakes_pending_max: file.handshakes_pending_max,
         burst_bytes: spindle_bench::member::BURST_BYTES,
     };
+    let runs = if file.subgroups.is_empty() {
+        Ok(vec![MemberRun {
+            shard: None,
+            rank,
+            spec,
+        }])
+    } else {
+        shard_runs(&file, &spec, rank)
+    };
+    let runs = match runs {
+        Ok(runs) => runs,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&result_dir);
+            return Err(e);
+        }
+    };
+    let mut own_files = vec![result_dir.clone()];
+    if file.transport == "tcp" {
+        for run in &runs {
+            own_files.push(spindle_fabric::tcp::stat::stat_file_path(
+                Path::new("/dev/shm"),
+                &run.spec.group,
+                run.rank,
+            ));
+        }
+    }
+    let stop = match on_signals(own_files) {
+        Ok(stop) => stop,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&result_dir);
+            return Err(e);
+        }
+    };
+    if runs.is_empty() {
+        let _ = std::fs::remove_dir_all(&result_dir);
+        println!(
+            "spindle run: member {rank} of group '{}' is in no shard of its {} subgroup(s): nothing to run",
+            file.name,
+            file.subgroups.len()
+        );
+        return Ok(());
+    }
     let share = match (count, args.seconds) {
         (0, Some(s)) => format!("{s} s"),
         (0, None) => "until stopped".to_string(),
         (n, _) => format!("{n}"),
     };
-    println!(
-        "spindle run: member {rank} of group '{}' ({} members over {}, {} delivery), {share} × {} B per sender",
-        spec.group, spec.members, spec.transport, spec.mode, spec.size
-    );
-    let outcome =
-        spindle_bench::member::run_member_until(&spec, rank, &stop).map_err(|e| format!("member {rank}: {e}"));
+    for run in &runs {
+        let spec = &run.spec;
+        println!(
+            "spindle run: {} of group '{}' ({} members over {}, {} delivery), {share} × {} B per sender",
+            run.who(rank),
+            spec.group,
+            spec.members,
+            spec.transport,
+            spec.mode,
+            spec.size
+        );
+    }
+    let outcomes: Vec<Result<RunReport, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = runs
+            .iter()
+            .map(|run| {
+                let stop = &stop;
+                let dir = &result_dir;
+                scope.spawn(move || run_one(run, rank, dir, stop))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a shard's member thread panicked".into()))
+            })
+            .collect()
+    });
     if stop.load(Ordering::Relaxed) {
         println!("member {rank}: stopped by a signal: left the group");
     }
-    let result = outcome.and_then(|()| {
-        let path = MemberSpec::result_path(&result_dir, rank);
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
-        let result = serde_json::from_str::<MemberResult>(&text).map_err(|e| e.to_string())?;
-        let (own, all) = latencies(&result_dir, rank)?;
-        if let Some(out) = &args.json {
-            let mut value = serde_json::to_value(&result).map_err(|e| e.to_string())?;
-            if let Some(map) = value.as_object_mut() {
-                map.insert(
-                    "latency_own_ns".into(),
-                    serde_json::to_value(own).map_err(|e| e.to_string())?,
-                );
-                map.insert(
-                    "latency_ns".into(),
-                    serde_json::to_value(all).map_err(|e| e.to_string())?,
-                );
-            }
+    let _ = std::fs::remove_dir_all(&result_dir);
+    let mut reports = Vec::with_capacity(outcomes.len());
+    let mut errors = Vec::new();
+    for outcome in outcomes {
+        match outcome {
+            Ok(report) => reports.push(report),
+            Err(e) => errors.push(e),
+        }
+    }
+    if let Some(out) = &args.json {
+        // The file's group: its member's result, as before subgroups
+        // (nothing when it failed). Shards: each one's, and the errors.
+        let value = match (file.subgroups.is_empty(), reports.first()) {
+            (true, Some(report)) => Some(report.json.clone()),
+            (true, None) => None,
+            (false, _) => Some(serde_json::json!({
+                "member": rank,
+                "shards": reports.iter().map(|r| r.json.clone()).collect::<Vec<_>>(),
+                "errors": errors,
+            })),
+        };
+        if let Some(value) = value {
             let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
             std::fs::write(out, text + "\n").map_err(|e| format!("write {}: {e}", out.display()))?;
         }
-        Ok((result, own, all))
-    });
-    let _ = std::fs::remove_dir_all(&result_dir);
-    let (r, own, all) = result?;
-    let replayed_msgs = r.counters.get("replayed_msgs").copied().unwrap_or(0);
-    if replayed_msgs > 0 {
+    }
+    for report in &reports {
+        report.print();
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// One group this process runs a member of: the file's group, or one
+/// shard of its subgroups.
+struct MemberRun {
+    /// `(subgroup, shard index, the shard's members as top-level ranks)`;
+    /// `None`: the file's group itself.
+    shard: Option<(String, usize, Vec<usize>)>,
+    /// This member's rank in that group.
+    rank: usize,
+    spec: MemberSpec,
+}
+
+impl MemberRun {
+    /// How the member is named in its report lines.
+    fn who(&self, top_rank: usize) -> String {
+        match &self.shard {
+            None => format!("member {top_rank}"),
+            Some((subgroup, shard, members)) => format!(
+                "member {top_rank} (shard {subgroup}.{shard}: rank {} of {})",
+                self.rank,
+                members.len()
+            ),
+        }
+    }
+}
+
+/// The shards `rank` is in, by the default layout over the file's
+/// members, each as the member run of its own group: the subgroup's
+/// mode and senders, the shard members' addresses, and its own result
+/// folder and delivery log folder.
+fn shard_runs(file: &GroupFile, base: &MemberSpec, rank: usize) -> Result<Vec<MemberRun>, String> {
+    use spindle::group_layer::subgroup::shard_group_name;
+    let view: Vec<usize> = (0..file.members.len()).collect();
+    let layout = StickyLayout
+        .layout(&file.subgroups, 0, &view, None)
+        .map_err(|e| format!("[[subgroups]] over the {} members: {e}", view.len()))?;
+    let mut runs = Vec::new();
+    for (subgroup, shard, shard_rank) in layout.shards_of(rank) {
+        let sub = &file.subgroups[subgroup];
+        let members = layout.shards[subgroup][shard].clone();
+        let mut spec = base.clone();
+        spec.group = shard_group_name(&file.name, &sub.name, shard);
+        spec.members = members.len();
+        spec.senders = sub.senders.ranks(members.len());
+        spec.mode = sub.mode.as_str().to_string();
+        spec.addresses = members.iter().map(|&m| file.members[m].address.clone()).collect();
+        spec.result_dir = base.result_dir.join(&spec.group);
+        spec.delivery_log = base.delivery_log.as_ref().map(|d| d.join(&spec.group));
+        runs.push(MemberRun {
+            shard: Some((sub.name.clone(), shard, members)),
+            rank: shard_rank,
+            spec,
+        });
+    }
+    if runs.len() > 1 && file.transport != "shm" {
+        return Err(format!(
+            "member {rank} is in {} shards, but over {} a member listens at one address, for one shard \
+             (overlapping subgroups need transport = \"shm\")",
+            runs.len(),
+            file.transport
+        ));
+    }
+    Ok(runs)
+}
+
+/// What one member run measured, printed and written as JSON.
+struct RunReport {
+    who: String,
+    result: MemberResult,
+    own: Percentiles,
+    all: Percentiles,
+    json: serde_json::Value,
+}
+
+/// Run one member to its end and read what it measured.
+fn run_one(run: &MemberRun, top_rank: usize, result_dir: &Path, stop: &AtomicBool) -> Result<RunReport, String> {
+    let who = run.who(top_rank);
+    let spec = &run.spec;
+    std::fs::create_dir_all(&spec.result_dir).map_err(|e| format!("create {}: {e}", spec.result_dir.display()))?;
+    debug_assert!(
+        spec.result_dir.starts_with(result_dir),
+        "removed with the run's result folder"
+    );
+    spindle_bench::member::run_member_until(spec, run.rank, stop).map_err(|e| format!("{who}: {e}"))?;
+    let path = MemberSpec::result_path(&spec.result_dir, run.rank);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    let result = serde_json::from_str::<MemberResult>(&text).map_err(|e| e.to_string())?;
+    let (own, all) = latencies(&spec.result_dir, run.rank)?;
+    let mut json = serde_json::to_value(&result).map_err(|e| e.to_string())?;
+    if let Some(map) = json.as_object_mut() {
+        map.insert(
+            "latency_own_ns".into(),
+            serde_json::to_value(own).map_err(|e| e.to_string())?,
+        );
+        map.insert(
+            "latency_ns".into(),
+            serde_json::to_value(all).map_err(|e| e.to_string())?,
+        );
+        if let Some((subgroup, shard, members)) = &run.shard {
+            map.insert("subgroup".into(), subgroup.clone().into());
+            map.insert("shard".into(), (*shard).into());
+            map.insert("group".into(), spec.group.clone().into());
+            map.insert("shard_rank".into(), run.rank.into());
+            map.insert("shard_members".into(), serde_json::json!(members));
+        }
+    }
+    Ok(RunReport {
+        who,
+        result,
+        own,
+        all,
+        json,
+    })
+}
+
+impl RunReport {
+    fn print(&self) {
+        let (who, r, own, all) = (&self.who, &self.result, &self.own, &self.all);
+        let replayed_msgs = r.counters.get("replayed_msgs").copied().unwrap_or(0);
+        if replayed_msgs > 0 {
+            println!(
+                "{who}: replayed {replayed_msgs} messages of earlier runs from its persistent log \
+                 (history: not counted below)"
+            );
+        }
         println!(
-            "member {rank}: replayed {replayed_msgs} messages of earlier runs from its persistent log \
-             (history: not counted below)"
+            "{who}: delivered {} messages ({} B) in {:.3} s: {:.3} GB/s, {:.0} msgs/s; sequence digest {}",
+            r.delivered_msgs,
+            r.delivered_bytes,
+            r.elapsed_ns as f64 / 1e9,
+            r.delivered_gbps,
+            r.delivered_msgs_per_s,
+            r.sequence_digest
+        );
+        println!(
+            "{who}: latency commit → delivery here (ns): own messages p50 {} p99 {} ({} samples); all senders p50 {} p99 {} ({} samples)",
+            own.p50, own.p99, own.samples, all.p50, all.p99, all.samples
         );
     }
-    println!(
-        "member {rank}: delivered {} messages ({} B) in {:.3} s: {:.3} GB/s, {:.0} msgs/s; sequence digest {}",
-        r.delivered_msgs,
-        r.delivered_bytes,
-        r.elapsed_ns as f64 / 1e9,
-        r.delivered_gbps,
-        r.delivered_msgs_per_s,
-        r.sequence_digest
-    );
-    println!(
-        "member {rank}: latency commit → delivery here (ns): own messages p50 {} p99 {} ({} samples); all senders p50 {} p99 {} ({} samples)",
-        own.p50, own.p99, own.samples, all.p50, all.p99, all.samples
-    );
-    Ok(())
 }
 
 /// Latency percentiles at this member: of its own messages (a round trip
