@@ -8,7 +8,8 @@
 //! - tcp on loopback, 5 members, 2 shards of 2: each shard's members
 //!   agree on its sequence digest, the two shards are different groups,
 //!   and member 4 is in no shard;
-//! - tcp with a member in two shards is refused with the reason.
+//! - tcp with a member in two shards is refused with the reason;
+//! - SIGTERM stops a member in two shards: it leaves both and exits 0.
 //!
 //! Every wait is bounded; every child is killed on the way out.
 
@@ -62,20 +63,22 @@ struct Member {
 }
 
 impl Member {
-    fn start(config: &Path, id: usize, dir: &Path) -> Member {
+    /// `spindle run` of member `id`, `COUNT` messages per sender unless
+    /// `args` say otherwise.
+    fn start(config: &Path, id: usize, dir: &Path, args: &[&str]) -> Member {
         let out = dir.join(format!("out-{id}.txt"));
         let file = std::fs::File::create(&out).unwrap();
+        let count = COUNT.to_string();
+        let args = if args.is_empty() {
+            vec!["--count", &count]
+        } else {
+            args.to_vec()
+        };
         let child = spindle()
             .args(["run", "--config"])
             .arg(config)
-            .args([
-                "--member",
-                &id.to_string(),
-                "--size",
-                "64",
-                "--count",
-                &COUNT.to_string(),
-            ])
+            .args(["--member", &id.to_string(), "--size", "64"])
+            .args(args)
             .arg("--json")
             .arg(dir.join(format!("result-{id}.json")))
             .stdin(Stdio::null())
@@ -110,6 +113,15 @@ impl Member {
     }
 }
 
+impl Member {
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) has no memory effects; the pid is our own
+        // child's, not yet reaped (it is reaped only in `finish`/drop).
+        let rc = unsafe { libc::kill(self.child.id() as i32, signal) };
+        assert_eq!(rc, 0, "signal member {}", self.id);
+    }
+}
+
 impl Drop for Member {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -125,7 +137,7 @@ fn result(dir: &Path, id: usize) -> serde_json::Value {
 
 /// Run every member of `config` to its end; each one's output.
 fn run_all(config: &Path, members: usize, dir: &Path) -> Vec<String> {
-    let mut running: Vec<Member> = (0..members).map(|id| Member::start(config, id, dir)).collect();
+    let mut running: Vec<Member> = (0..members).map(|id| Member::start(config, id, dir, &[])).collect();
     running.iter_mut().map(Member::finish).collect()
 }
 
@@ -234,4 +246,56 @@ fn on_tcp_a_member_in_two_shards_is_refused_with_the_reason() {
         text.contains("member 0 is in 2 shards") && text.contains("transport = \"shm\""),
         "{text}"
     );
+}
+
+/// Whether every shard folder under `logs` has a delivery log with at
+/// least `lines` lines for each of `members` members.
+fn shard_logs_have(logs: &Path, groups: &[&str], members: usize, lines: usize) -> bool {
+    groups.iter().all(|g| {
+        let files: Vec<_> = std::fs::read_dir(logs.join(g))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.len() >= members
+            && files.iter().all(|f| {
+                std::fs::read_to_string(f)
+                    .map(|t| t.lines().count() >= lines)
+                    .unwrap_or(false)
+            })
+    })
+}
+
+#[test]
+fn sigterm_stops_a_member_in_two_shards_and_it_leaves_both() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    let subgroups = "[[subgroups]]\nname = \"a\"\nmembers_per_shard = 2\n\
+                     [[subgroups]]\nname = \"b\"\nmembers_per_shard = 2\noverlapping = true\n";
+    let config = write_group(dir.path(), "rsg", 2, "transport = \"shm\"", subgroups);
+    let log_dir = logs.to_str().unwrap();
+    let args = ["--service", "--rate", "500", "--delivery-log", log_dir];
+    let mut members: Vec<Member> = (0..2).map(|id| Member::start(&config, id, dir.path(), &args)).collect();
+    let start = Instant::now();
+    while !shard_logs_have(&logs, &["rsg.a.0", "rsg.b.0"], 2, 100) {
+        assert!(
+            start.elapsed() < WAIT_MAX,
+            "no deliveries in both shards; outputs:\n{}\n{}",
+            members[0].text(),
+            members[1].text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for id in [1usize, 0] {
+        members[id].signal(libc::SIGTERM);
+        let text = members[id].finish();
+        assert!(text.contains("left the group"), "member {id}:\n{text}");
+        let shards = shards_of(&result(dir.path(), id));
+        assert_eq!(shards.len(), 2, "member {id}: {shards:?}");
+        for (group, shard) in shards {
+            assert!(
+                shard["delivered_msgs"].as_u64().unwrap() >= 100,
+                "{group} at member {id}: {shard}"
+            );
+        }
+    }
 }
