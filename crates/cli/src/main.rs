@@ -40,7 +40,8 @@ enum Command {
     Bench(BenchCommand),
     /// Show live counters of the groups running on this host.
     Stat(stat::StatArgs),
-    /// Run one member of a multi-host group from a configuration file.
+    /// Run one member of a multi-host group from a configuration file
+    /// (with `[[subgroups]]`: a member of each shard it is in).
     Run(run::RunArgs),
     /// A replicated key-value service speaking RESP (the Redis protocol).
     #[command(subcommand)]
