@@ -136,6 +136,15 @@ pub struct GroupConfig {
     /// (`<dir>/<name>-member-<rank>.log`); needed by, and only used in,
     /// [`DeliveryMode::Persistent`].
     pub persist_dir: Option<std::path::PathBuf>,
+    /// Persistent mode: once this many bytes were appended to a member's
+    /// log since its last compaction, the member replaces what its
+    /// application already applied with the application's snapshot
+    /// ([`crate::Upcalls::snapshot`], e.g. a [`crate::StateMachine`] in
+    /// [`crate::Replicated`]); a restart restores it, then replays the
+    /// rest (see [`crate::persist`]). 0 (the default): never; the log
+    /// keeps the whole history. Needs upcalls that take snapshots
+    /// ([`crate::Upcalls::takes_snapshots`]).
+    pub compact_log_bytes: u64,
     /// Largest message [`crate::Sender::send_large`] accepts (bigger than
     /// a slot: it travels as fragments, see [`crate::large`]); a member
     /// passes over a message that claims more.
@@ -158,6 +167,9 @@ pub mod defaults {
     /// Ring bytes per sender are capped so a group stays well inside /dev/shm.
     pub const RING_BYTES_MAX: usize = 256 << 20;
     pub const LARGE_MESSAGE_MAX_BYTES: u64 = 1 << 30;
+    /// Smallest `compact_log_bytes` (a compaction rewrites the log's
+    /// tail and syncs twice: not for every few messages).
+    pub const COMPACT_LOG_BYTES_MIN: u64 = 4 << 10;
     /// Reassembly buffers live in memory: at most 16 GiB per message.
     pub const LARGE_MESSAGE_MAX_BYTES_MAX: u64 = 16 << 30;
 }
@@ -182,6 +194,7 @@ impl GroupConfig {
             ack_every_slots: 0,
             track_acks: false,
             persist_dir: None,
+            compact_log_bytes: 0,
             large_message_max_bytes: defaults::LARGE_MESSAGE_MAX_BYTES,
         }
     }
@@ -239,6 +252,19 @@ impl GroupConfig {
                 "large_message_max_bytes = {} must be in 1..={}",
                 self.large_message_max_bytes,
                 defaults::LARGE_MESSAGE_MAX_BYTES_MAX
+            ));
+        }
+        if self.compact_log_bytes != 0 && self.mode != DeliveryMode::Persistent {
+            return bad(format!(
+                "compact_log_bytes = {}: only used with mode = persistent (mode is {:?})",
+                self.compact_log_bytes, self.mode
+            ));
+        }
+        if self.compact_log_bytes != 0 && self.compact_log_bytes < defaults::COMPACT_LOG_BYTES_MIN {
+            return bad(format!(
+                "compact_log_bytes = {} is below {} (0 turns compaction off)",
+                self.compact_log_bytes,
+                defaults::COMPACT_LOG_BYTES_MIN
             ));
         }
         if self.snapshot_bytes_max > defaults::SNAPSHOT_BYTES_MAX_MAX {

@@ -166,6 +166,13 @@ pub struct GroupCore<F: Fabric> {
     ack_every_slots: u32,
     /// `GroupConfig::track_acks`.
     track_acks: bool,
+    /// `GroupConfig::compact_log_bytes` (0: only when asked).
+    compact_log_bytes: u64,
+    /// [`GroupCore::request_log_compaction`] was called and the
+    /// compaction has not begun.
+    compaction_requested: bool,
+    /// The application's snapshot for a compaction (keeps its capacity).
+    compaction_state: Vec<u8>,
     /// [`GroupCore::pause_receive`].
     receive_paused: bool,
     /// A sender reused a slot this member had yet to deliver from: it was
@@ -269,6 +276,9 @@ impl<F: Fabric> GroupCore<F> {
             flow_limit: config.window_slots as u64,
             ack_every_slots: config.ack_every_slots,
             track_acks: config.track_acks,
+            compact_log_bytes: config.compact_log_bytes,
+            compaction_requested: false,
+            compaction_state: Vec::new(),
             receive_paused: false,
             overtaken: false,
             counters: Counters::default(),
@@ -432,7 +442,7 @@ impl<F: Fabric> GroupCore<F> {
     /// most a bounded amount of work (one window per sender) and returns.
     pub fn step<U: Upcalls + ?Sized>(&mut self, now_ns: u64, up: &mut U) -> Result<u32, GroupError> {
         if self.replay.is_some() {
-            return Ok(self.replay_history(up));
+            return self.replay_history(up);
         }
         self.mship.report_first_view(up);
         let mut work = 0u32;
@@ -457,6 +467,9 @@ impl<F: Fabric> GroupCore<F> {
             } else {
                 0
             };
+            if self.mode == DeliveryMode::Persistent {
+                work += self.compact_if_due(up)?;
+            }
             if let Some(si) = self.my_sender_index {
                 self.update_flow_limit(si);
             }
@@ -585,11 +598,25 @@ impl<F: Fabric> GroupCore<F> {
     /// [`crate::restart`]), a bounded batch per pass; the protocol runs
     /// once it is all handed over.
     pub fn set_replay(&mut self, replay: Replay) {
-        self.replay = (!replay.messages.is_empty()).then_some(replay);
+        self.replay = (!replay.messages.is_empty() || replay.snapshot.is_some()).then_some(replay);
     }
 
-    fn replay_history<U: Upcalls + ?Sized>(&mut self, up: &mut U) -> u32 {
-        let Some(replay) = self.replay.as_mut() else { return 0 };
+    fn replay_history<U: Upcalls + ?Sized>(&mut self, up: &mut U) -> Result<u32, GroupError> {
+        let Some(replay) = self.replay.as_mut() else {
+            return Ok(0);
+        };
+        if let Some(snapshot) = replay.snapshot.take() {
+            // A compacted log: the state it was compacted to comes first,
+            // then the messages after it.
+            let (view, seq) = replay.snapshot_at;
+            up.restore(&snapshot).map_err(|reason| GroupError::Persist {
+                rank: self.my_rank,
+                reason: format!(
+                    "restart: the application refused the snapshot its log was compacted to (view {view} seq {seq}): {reason}"
+                ),
+            })?;
+            self.counters.add(counters::SNAPSHOTS_RESTORED, 1);
+        }
         let end = (replay.next + DELIVERY_BUDGET_PER_SENDER as usize).min(replay.messages.len());
         for m in &replay.messages[replay.next..end] {
             if replay.view != Some(m.view) {
@@ -626,7 +653,7 @@ impl<F: Fabric> GroupCore<F> {
             }
             self.replay = None;
         }
-        handed as u32
+        Ok(handed as u32)
     }
 
     /// Attach this member's log (persistent mode; [`crate::Group::join`]
@@ -643,6 +670,54 @@ impl<F: Fabric> GroupCore<F> {
     /// This member's log (persistent mode).
     pub fn persist_log(&self) -> Option<&PersistLog> {
         self.persist.as_ref()
+    }
+
+    /// Compact this member's log at the next pass that can (persistent
+    /// mode; see [`crate::persist`]): between deliveries, outside a view
+    /// change, with no large message half put together.
+    pub fn request_log_compaction(&mut self) -> Result<(), GroupError> {
+        if self.mode != DeliveryMode::Persistent {
+            return Err(GroupError::Config(format!(
+                "log compaction needs mode = persistent (mode is {:?})",
+                self.mode
+            )));
+        }
+        self.compaction_requested = true;
+        Ok(())
+    }
+
+    /// Persistent mode: compact the log to the application's snapshot if
+    /// asked or `compact_log_bytes` were appended since the last time,
+    /// and the pass is at a point where the snapshot is exactly the
+    /// deliveries before `delivered_num`: no view change under way (its
+    /// ragged edge is not delivered yet), no large message half put
+    /// together (its first fragments are delivered to the reassembly, not
+    /// to the application).
+    fn compact_if_due(&mut self, up: &mut (impl Upcalls + ?Sized)) -> Result<u32, GroupError> {
+        let Some(log) = &self.persist else { return Ok(0) };
+        let due = self.compaction_requested
+            || (self.compact_log_bytes > 0 && log.bytes_since_compaction() >= self.compact_log_bytes);
+        if !due || log.is_compacting() || self.mship.busy() || self.overtaken || self.large.has_partial() {
+            return Ok(0);
+        }
+        if !up.takes_snapshots() {
+            return Err(GroupError::Config(
+                "log compaction (compact_log_bytes, or Group::compact_log) needs upcalls that take snapshots of the \
+                 whole state (a StateMachine in Replicated, or Upcalls::takes_snapshots): compacting to an empty \
+                 snapshot would lose the history"
+                    .into(),
+            ));
+        }
+        self.compaction_requested = false;
+        self.compaction_state.clear();
+        up.snapshot(&mut self.compaction_state);
+        let (view, seq, members) = (self.view, self.delivered_num, self.view_mask);
+        let rank = self.my_rank;
+        let log = self.persist.as_mut().expect("checked above");
+        log.compact(view, seq, members, &self.compaction_state)
+            .map_err(|reason| GroupError::Persist { rank, reason })?;
+        self.counters.add(counters::LOG_COMPACTIONS, 1);
+        Ok(1)
     }
 
     /// Stage what was received since the last pass in the log (in seq

@@ -3,7 +3,7 @@
 //! member's cooperation. Each is a monotonic `u64`.
 
 /// Counter ids are indices into this list; the ids are stable.
-pub const COUNTER_NAMES: [&str; 25] = [
+pub const COUNTER_NAMES: [&str; 27] = [
     "sent_msgs",           // 0 data messages committed by this member
     "sent_bytes",          // 1
     "nulls_sent",          // 2 null messages (counted one by one)
@@ -29,6 +29,8 @@ pub const COUNTER_NAMES: [&str; 25] = [
     "persisted_num",       // 22 persistent mode: the durable frontier last published (a position)
     "large_msgs",          // 23 large messages delivered (each also one of delivered_msgs)
     "large_msgs_cut", // 24 large messages dropped half-assembled: cut by a view change or abandoned by their sender
+    "log_compactions", // 25 persistent mode: compactions of this member's log asked for (see persist)
+    "snapshots_restored", // 26 persistent mode: a restart restored the snapshot its log was compacted to
 ];
 
 pub const SENT_MSGS: usize = 0;
@@ -56,6 +58,8 @@ pub const REPLAYED_MSGS: usize = 21;
 pub const PERSISTED_NUM: usize = 22;
 pub const LARGE_MSGS: usize = 23;
 pub const LARGE_MSGS_CUT: usize = 24;
+pub const LOG_COMPACTIONS: usize = 25;
+pub const SNAPSHOTS_RESTORED: usize = 26;
 
 /// The progress loop's private copy, flushed to the row once per pass.
 #[derive(Clone, Debug, Default)]

@@ -121,8 +121,17 @@ impl<F: Fabric> Group<F> {
                 }
                 let replay = restart::seal(&mut log, &recovered, &summary, &plan)
                     .map_err(|reason| GroupError::Persist { rank, reason })?;
+                let from_snapshot = match &replay.snapshot {
+                    Some(s) => format!(
+                        "the snapshot it was compacted to ({} B, view {} seq {}), then ",
+                        s.len(),
+                        replay.snapshot_at.0,
+                        replay.snapshot_at.1
+                    ),
+                    None => String::new(),
+                };
                 tracing_line(&format!(
-                    "spindle: member {rank}: restarted from its log: {} messages of views up to {} (view {} cut at seq {}); \
+                    "spindle: member {rank}: restarted from its log: {from_snapshot}{} messages of views up to {} (view {} cut at seq {}); \
                      the group goes on in view {} with members {:?}",
                     replay.messages.len(),
                     plan.last_view,
@@ -301,6 +310,18 @@ impl<F: Fabric> Group<F> {
             idler: Idler::new(config.idle),
             config,
         })
+    }
+
+    /// Persistent mode: compact this member's log to the application's
+    /// snapshot at the next poll that can (between deliveries, outside a
+    /// view change, with no large message half delivered): everything
+    /// before that point is replaced by the snapshot, which a restart
+    /// restores before replaying the rest (see [`crate::persist`]).
+    /// `GroupConfig::compact_log_bytes` does it every so many bytes; the
+    /// sync thread rewrites the file, so polls go on meanwhile. The
+    /// upcalls must take snapshots ([`Upcalls::takes_snapshots`]).
+    pub fn compact_log(&mut self) -> Result<(), GroupError> {
+        self.core.request_log_compaction()
     }
 
     /// Whether this member is still waiting to be admitted.

@@ -167,6 +167,11 @@ impl Reassembly {
         (Fragment::Pending, cut)
     }
 
+    /// Whether some sender's large message is half put together.
+    pub fn has_partial(&self) -> bool {
+        self.partials.iter().any(|p| p.active)
+    }
+
     /// A view is being installed: drop every partial message (see the
     /// module doc). Returns the lengths of the messages dropped, by
     /// sender index in the old view.

@@ -78,9 +78,18 @@ pub trait Upcalls {
     fn view_installed(&mut self, _view: &View) {}
     /// The state after every delivery so far, for a joiner.
     fn snapshot(&mut self, _out: &mut Vec<u8>) {}
-    /// Start from a snapshot (a joiner, before its first delivery).
+    /// Start from a snapshot (a joiner, before its first delivery; a
+    /// member restarted over a compacted log, before its history).
     fn restore(&mut self, _snapshot: &[u8]) -> Result<(), String> {
         Ok(())
+    }
+    /// Whether [`Upcalls::snapshot`] captures the application's whole
+    /// state, so that a log may be compacted to it
+    /// (`GroupConfig::compact_log_bytes`, [`crate::Group::compact_log`]).
+    /// The default says no: compacting to an empty snapshot would lose
+    /// the history.
+    fn takes_snapshots(&self) -> bool {
+        false
     }
 }
 

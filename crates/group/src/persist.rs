@@ -7,11 +7,16 @@
 //!  file   ┌ LogFileHeader (16 B): magic "SPNDLOG1", version u32, rank u32
 //!         └ record, record, …                       (each 8-aligned)
 //!  record  +0  magic   u32  RECORD_MAGIC ("SPLR")
-//!          +4  kind    u32  1: message, 2: view installed
-//!          +8  view    u64  message: the view it was sent in; view record: the new view
-//!          +16 seq     u64  message: its seq in that view; view record: the old view's final_seq
+//!          +4  kind    u32  1: message, 2: view installed, 3: snapshot
+//!          +8  view    u64  message: the view it was sent in; view record: the new view;
+//!                            snapshot: the view it was taken in
+//!          +16 seq     u64  message: its seq in that view; view record: the old view's final_seq;
+//!                            snapshot: it holds every message of `view` below this seq
+//!                            (and every message of the views before)
 //!                            (view record payload: the old view u64 (JOINED for a joiner),
 //!                             then the new view's members u64, bit r = rank r)
+//!                            (snapshot payload: SnapshotPrefix (32 B), then the application's
+//!                             snapshot bytes)
 //!          +24 sender  u32  message: sender rank (bits 0-7), its index in the view's
 //!                            sender list (8-15), the view's sender count (16-23); view record: 0
 //!          +28 len     u32  payload bytes
@@ -37,6 +42,33 @@
 //! thread. The progress thread never waits for the disk, except at a view
 //! install ([`PersistLog::install_view`]), which is rare.
 //!
+//! ## Compaction
+//!
+//! A log grows with every message. [`PersistLog::compact`] replaces the
+//! part the application has already applied with the application's
+//! snapshot ([`crate::Upcalls::snapshot`] at a delivery position), in
+//! place, copying nothing:
+//!
+//! ```text
+//!  <log>           header | ····· hole ····· | records after the snapshot … appends
+//!                                            ^ log_offset
+//!  <log>.snapshot  header | snapshot record (SnapshotPrefix: position, view
+//!                           history, log_offset; the application's bytes)
+//! ```
+//!
+//! A compaction thread (beside the sync thread, which goes on appending)
+//! scans record headers from where the last compaction's records began to
+//! the first record after the position, writes `<log>.snapshot.tmp`,
+//! syncs it, renames it to `<log>.snapshot`, syncs the directory, and
+//! then punches a hole over the records before `log_offset` (the disk
+//! gives their blocks back; the file keeps its length). A crash before
+//! the rename leaves the old snapshot (or none) and the whole log; after
+//! it, the new snapshot, whose records are all still there. Every record
+//! left behind was delivered, so on every member's disk: a restart (see
+//! [`crate::restart`]) restores the snapshot, then replays the records
+//! after it. The simulator's log in memory keeps the snapshot record at
+//! its head instead ([`compact_records`]).
+//!
 //! ## Recovery
 //!
 //! [`recover`] reads a log back. It stops at the first record that is cut
@@ -53,12 +85,16 @@ use std::thread::JoinHandle;
 
 /// First bytes of every log file.
 pub const FILE_MAGIC: [u8; 8] = *b"SPNDLOG1";
-/// Version of the record layout.
-pub const FILE_VERSION: u32 = 1;
+/// Version of the record layout this build writes (2 added the snapshot
+/// record; version 1 logs read back unchanged).
+pub const FILE_VERSION: u32 = 2;
+/// Oldest version this build reads.
+pub const FILE_VERSION_OLDEST: u32 = 1;
 /// First word of every record ("SPLR" little-endian).
 pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SPLR");
 pub const KIND_MESSAGE: u32 = 1;
 pub const KIND_VIEW: u32 = 2;
+pub const KIND_SNAPSHOT: u32 = 3;
 /// A view record's old view when the member joined in the new view (it
 /// has no old view: its state came in a snapshot).
 pub const JOINED: u64 = u64::MAX;
@@ -102,6 +138,109 @@ const _: () = assert!(std::mem::offset_of!(RecordHeader, len) == 28);
 const _: () = assert!(std::mem::offset_of!(RecordHeader, crc) == 32);
 /// The checksum covers the header bytes before `crc`.
 const CRC_COVERED_HEADER_BYTES: usize = 32;
+
+/// The start of a snapshot record's payload: where the snapshot stands in
+/// the view history (what a restart needs from the view records it
+/// replaces) and, in a snapshot file, where the log's records after it
+/// begin. The application's snapshot bytes follow.
+///
+/// ```text
+///  +0  members     u64  the snapshot's view's members (bit r = rank r)
+///  +8  prev_view   u64  the view before it (valid if flags bit 0)
+///  +16 prev_final  u64  where that view ended (its final_seq)
+///  +24 flags       u64  bit 0: prev_view/prev_final are set
+///  +32 log_offset  u64  snapshot file: the log file offset of the first
+///                       record after the snapshot (what precedes it is a
+///                       hole); a record inside a log: 0
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotPrefix {
+    pub members: u64,
+    pub prev_view: u64,
+    pub prev_final: u64,
+    pub flags: u64,
+    pub log_offset: u64,
+}
+pub const SNAPSHOT_PREFIX_BYTES: usize = 40;
+const _: () = assert!(std::mem::size_of::<SnapshotPrefix>() == SNAPSHOT_PREFIX_BYTES);
+const _: () = assert!(std::mem::offset_of!(SnapshotPrefix, prev_view) == 8);
+const _: () = assert!(std::mem::offset_of!(SnapshotPrefix, prev_final) == 16);
+const _: () = assert!(std::mem::offset_of!(SnapshotPrefix, flags) == 24);
+const _: () = assert!(std::mem::offset_of!(SnapshotPrefix, log_offset) == 32);
+const SNAPSHOT_FLAG_PREV: u64 = 1;
+/// Largest application snapshot a compaction stores (a record's payload).
+pub const SNAPSHOT_STATE_BYTES_MAX: usize = RECORD_PAYLOAD_MAX as usize - SNAPSHOT_PREFIX_BYTES;
+
+/// A snapshot record's fields (see [`SnapshotPrefix`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    /// The snapshot holds every message of `view` below `seq`, and every
+    /// message of the views before.
+    pub view: u64,
+    pub seq: u64,
+    pub members: u64,
+    /// The view before `view` and where it ended (`None` in the first
+    /// view, or for a member that joined in `view`).
+    pub prev: Option<(u64, u64)>,
+    /// Read from a snapshot file: the log offset where the records after
+    /// it begin (0 for a snapshot record inside a log).
+    pub log_offset: u64,
+    /// The application's snapshot in [`RecoveredLog::bytes`].
+    pub state: std::ops::Range<usize>,
+}
+
+/// Append a snapshot record to `out` (see [`SnapshotPrefix`]).
+pub fn encode_snapshot_record(
+    out: &mut Vec<u8>,
+    (view, seq): (u64, u64),
+    members: u64,
+    prev: Option<(u64, u64)>,
+    log_offset: u64,
+    state: &[u8],
+) -> Result<(), String> {
+    if state.len() > SNAPSHOT_STATE_BYTES_MAX {
+        return Err(format!(
+            "log compaction: the application's snapshot is {} bytes, more than a log record holds ({SNAPSHOT_STATE_BYTES_MAX})",
+            state.len()
+        ));
+    }
+    let (prev_view, prev_final) = prev.unwrap_or((0, 0));
+    let flags = if prev.is_some() { SNAPSHOT_FLAG_PREV } else { 0 };
+    let mut payload = Vec::with_capacity(SNAPSHOT_PREFIX_BYTES + state.len());
+    for w in [members, prev_view, prev_final, flags, log_offset] {
+        payload.extend_from_slice(&w.to_le_bytes());
+    }
+    payload.extend_from_slice(state);
+    encode_record(out, KIND_SNAPSHOT, view, seq, 0, &payload);
+    Ok(())
+}
+
+/// The records of a compacted log (no file header): `snapshot_record`,
+/// then the records of `records` after position `(view, seq)`: messages
+/// of `view` from `seq` on and of later views, and the view records of
+/// later views (the snapshot record stands for `view`'s own, and older
+/// snapshots are dropped). A bad record is an error: compaction reads
+/// only what the sync thread wrote and synced.
+pub fn compact_records(records: &[u8], view: u64, seq: u64, snapshot_record: &[u8]) -> Result<Vec<u8>, String> {
+    let mut kept = Vec::with_capacity(snapshot_record.len());
+    kept.extend_from_slice(snapshot_record);
+    let mut at = 0;
+    while at < records.len() {
+        let r = check_record(records, at).map_err(|reason| format!("log compaction: record at +{at}: {reason}"))?;
+        let next = at + record_bytes(r.payload.len());
+        let after = match r.kind {
+            KIND_MESSAGE => (r.view, r.seq) >= (view, seq),
+            KIND_VIEW => r.view > view,
+            _ => false,
+        };
+        if after {
+            kept.extend_from_slice(&records[at..next]);
+        }
+        at = next;
+    }
+    Ok(kept)
+}
 
 /// Bytes a record with `len` payload bytes takes in the file.
 pub fn record_bytes(len: usize) -> usize {
@@ -202,8 +341,10 @@ pub struct HistoryMessage<'a> {
 impl RecoveredLog {
     /// The messages that are part of the history, in total order: every
     /// message record except those a later view record trimmed (seq at or
-    /// beyond its view's `final_seq`).
+    /// beyond its view's `final_seq`) and those the log's snapshot holds
+    /// (before its position).
     pub fn history(&self) -> Vec<HistoryMessage<'_>> {
+        let from = self.snapshot().map_or((0, 0), |s| (s.view, s.seq));
         let mut final_seq: std::collections::BTreeMap<u64, u64> = Default::default();
         for r in self.records.iter().filter(|r| r.kind == KIND_VIEW) {
             if let Some(old) = self.view_record(r).map(|v| v.old_view).filter(|v| *v != JOINED) {
@@ -213,6 +354,7 @@ impl RecoveredLog {
         self.records
             .iter()
             .filter(|r| r.kind == KIND_MESSAGE && final_seq.get(&r.view).is_none_or(|f| r.seq < *f))
+            .filter(|r| (r.view, r.seq) >= from)
             .map(|r| HistoryMessage {
                 view: r.view,
                 seq: r.seq,
@@ -303,6 +445,27 @@ impl RecoveredLog {
         })
     }
 
+    /// A snapshot record's fields (`None` for any other record, or one
+    /// too short to hold its prefix).
+    pub fn snapshot_record(&self, r: &RecoveredRecord) -> Option<SnapshotRecord> {
+        let b = self.bytes.get(r.payload.clone())?;
+        if r.kind != KIND_SNAPSHOT || b.len() < SNAPSHOT_PREFIX_BYTES {
+            return None;
+        }
+        let flags = u64_at(b, 24);
+        Some(SnapshotRecord {
+            view: r.view,
+            seq: r.seq,
+            members: u64_at(b, 0),
+            prev: (flags & SNAPSHOT_FLAG_PREV != 0).then(|| (u64_at(b, 8), u64_at(b, 16))),
+            log_offset: u64_at(b, 32),
+            state: r.payload.start + SNAPSHOT_PREFIX_BYTES..r.payload.end,
+        })
+    }
+    /// The log's snapshot (a compacted log starts with one), if any.
+    pub fn snapshot(&self) -> Option<SnapshotRecord> {
+        self.records.iter().rev().find_map(|r| self.snapshot_record(r))
+    }
     /// Where this log stopped; `initial_members` is the first view's
     /// membership (it has no view record).
     pub fn summary(&self, initial_members: u64) -> LogSummary {
@@ -312,7 +475,16 @@ impl RecoveredLog {
             ..LogSummary::default()
         };
         for r in &self.records {
-            if let Some(v) = self.view_record(r) {
+            if let Some(snap) = self.snapshot_record(r) {
+                // A snapshot stands for the view records and messages it
+                // replaced, and for the whole state: a member that had
+                // joined now holds the history too.
+                s.last_view = snap.view;
+                s.last_members = snap.members;
+                s.prev = snap.prev;
+                s.joined = false;
+                s.frontier = snap.seq;
+            } else if let Some(v) = self.view_record(r) {
                 s.last_view = v.new_view;
                 s.last_members = v.members;
                 s.prev = (v.old_view != JOINED).then_some((v.old_view, v.final_seq));
@@ -333,11 +505,102 @@ pub fn recover(path: &Path) -> Result<RecoveredLog, PersistError> {
         let path = path.to_path_buf();
         move |source| PersistError::Io { path, what, source }
     };
+    let format = |reason: String| PersistError::Format {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let snapshot = read_snapshot_file(path)?;
+    let mut file = File::open(path).map_err(io("open for recovery"))?;
     let mut bytes = Vec::new();
-    File::open(path)
-        .map_err(io("open for recovery"))?
-        .read_to_end(&mut bytes)
-        .map_err(io("read"))?;
+    let Some(snapshot) = snapshot else {
+        file.read_to_end(&mut bytes).map_err(io("read"))?;
+        return recover_bytes(path, bytes, None);
+    };
+    // A compacted log: its header, then the records from the offset the
+    // snapshot names (before it, a hole).
+    let log_offset = u64_at(&snapshot, RECORD_HEADER_BYTES + 32);
+    let len = file.metadata().map_err(io("stat"))?.len();
+    if log_offset < FILE_HEADER_BYTES as u64 || log_offset > len || !log_offset.is_multiple_of(8) {
+        return Err(format(format!(
+            "its snapshot file {} says the log goes on at offset {log_offset}, but the log is {len} bytes: \
+             the two files are of different logs (move both away, or neither)",
+            snapshot_path(path).display()
+        )));
+    }
+    bytes.resize(FILE_HEADER_BYTES, 0);
+    file.read_exact(&mut bytes).map_err(io("read the header"))?;
+    bytes.extend_from_slice(&snapshot);
+    file.seek(SeekFrom::Start(log_offset)).map_err(io("seek"))?;
+    file.read_to_end(&mut bytes).map_err(io("read"))?;
+    recover_bytes(path, bytes, Some((snapshot.len(), log_offset)))
+}
+
+/// Where a log compacted on disk keeps its snapshot: `<log>.snapshot`
+/// (see the module docs).
+pub fn snapshot_path(log: &Path) -> PathBuf {
+    log.with_extension("log.snapshot")
+}
+
+/// Where a compaction writes the snapshot file before renaming it.
+fn snapshot_tmp_path(log: &Path) -> PathBuf {
+    log.with_extension("log.snapshot.tmp")
+}
+
+/// The snapshot record of `log`'s snapshot file, checked, if there is one.
+fn read_snapshot_file(log: &Path) -> Result<Option<Vec<u8>>, PersistError> {
+    let path = snapshot_path(log);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(PersistError::Io {
+                path,
+                what: "read the snapshot file",
+                source,
+            })
+        }
+    };
+    let bad = |reason: String| PersistError::Format {
+        path: path.clone(),
+        reason: format!(
+            "{reason}: the state before the log's records is lost with it (it was written whole, synced and \
+             renamed into place, so this is damage, not a crash)"
+        ),
+    };
+    if bytes.len() < FILE_HEADER_BYTES || bytes[..8] != FILE_MAGIC || u32_at(&bytes, 8) != FILE_VERSION {
+        return Err(bad("not a Spindle snapshot file of this version".into()));
+    }
+    let r = check_record(&bytes, FILE_HEADER_BYTES).map_err(|reason| bad(format!("its snapshot record: {reason}")))?;
+    let end = FILE_HEADER_BYTES + record_bytes(r.payload.len());
+    if r.kind != KIND_SNAPSHOT || r.payload.len() < SNAPSHOT_PREFIX_BYTES || end != bytes.len() {
+        return Err(bad(format!(
+            "expected one snapshot record, found a record of kind {} and {} more bytes",
+            r.kind,
+            bytes.len() - end
+        )));
+    }
+    Ok(Some(bytes[FILE_HEADER_BYTES..].to_vec()))
+}
+
+/// [`recover`] for records held in memory without a file header (the
+/// simulator's log: [`PersistLog::sim_durable_bytes`]) as member `rank`'s.
+pub fn recover_records(records: &[u8], rank: u32) -> RecoveredLog {
+    let mut bytes = Vec::with_capacity(FILE_HEADER_BYTES + records.len());
+    bytes.extend_from_slice(&FILE_MAGIC);
+    bytes.extend_from_slice(&FILE_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&rank.to_le_bytes());
+    bytes.extend_from_slice(records);
+    recover_bytes(Path::new("(memory)"), bytes, None).expect("a header of this build's version")
+}
+
+/// Read a log back from `bytes`: its header, then (a compacted log,
+/// `snapshot = Some((record bytes, log offset))`) its snapshot record,
+/// then its records from that log offset on.
+fn recover_bytes(
+    path: &Path,
+    mut bytes: Vec<u8>,
+    snapshot: Option<(usize, u64)>,
+) -> Result<RecoveredLog, PersistError> {
     let mut log = RecoveredLog {
         path: path.to_path_buf(),
         rank: 0,
@@ -364,14 +627,28 @@ pub fn recover(path: &Path) -> Result<RecoveredLog, PersistError> {
         });
     }
     let version = u32_at(&bytes, 8);
-    if version != FILE_VERSION {
+    if !(FILE_VERSION_OLDEST..=FILE_VERSION).contains(&version) {
         return Err(PersistError::Format {
             path: path.to_path_buf(),
-            reason: format!("log version {version}, this build reads version {FILE_VERSION}"),
+            reason: format!("log version {version}, this build reads versions {FILE_VERSION_OLDEST} to {FILE_VERSION}"),
         });
     }
     log.rank = u32_at(&bytes, 12);
     let mut at = FILE_HEADER_BYTES;
+    // Where the log's own records start in `bytes`, and their file offset.
+    let (start, file_base) = match snapshot {
+        Some((snapshot_bytes, log_offset)) => {
+            let r = check_record(&bytes, at).map_err(|reason| PersistError::Format {
+                path: path.to_path_buf(),
+                reason: format!("its snapshot record: {reason}"),
+            })?;
+            log.records.push(r);
+            at += snapshot_bytes;
+            (at, log_offset)
+        }
+        None => (FILE_HEADER_BYTES, FILE_HEADER_BYTES as u64),
+    };
+    let file_offset = |at: usize| file_base + (at - start) as u64;
     while at < bytes.len() {
         match check_record(&bytes, at) {
             Ok(r) => {
@@ -384,7 +661,7 @@ pub fn recover(path: &Path) -> Result<RecoveredLog, PersistError> {
                     .step_by(8)
                     .any(|o| check_record(&bytes, o).is_ok());
                 log.dropped = Some(Dropped {
-                    offset: at as u64,
+                    offset: file_offset(at),
                     bytes: (bytes.len() - at) as u64,
                     reason,
                     valid_records_after,
@@ -393,8 +670,9 @@ pub fn recover(path: &Path) -> Result<RecoveredLog, PersistError> {
             }
         }
     }
-    log.valid_bytes = at.min(bytes.len()) as u64;
-    bytes.truncate(log.valid_bytes as usize);
+    let at = at.min(bytes.len());
+    log.valid_bytes = file_offset(at);
+    bytes.truncate(at);
     log.bytes = bytes;
     Ok(log)
 }
@@ -412,7 +690,7 @@ fn check_record(b: &[u8], at: usize) -> Result<RecoveredRecord, String> {
         return Err(format!("bad record magic {magic:#010x}"));
     }
     let kind = u32_at(b, at + 4);
-    if kind != KIND_MESSAGE && kind != KIND_VIEW {
+    if kind != KIND_MESSAGE && kind != KIND_VIEW && kind != KIND_SNAPSHOT {
         return Err(format!("unknown record kind {kind}"));
     }
     let len = u32_at(b, at + 28);
@@ -464,12 +742,25 @@ struct Shared {
     durable: Mutex<(Frontier, Option<String>)>,
     path: PathBuf,
     wake: Box<dyn Fn() + Send + Sync>,
+    /// Compactions finished (the sync thread counts them).
+    compactions_done: std::sync::atomic::AtomicU64,
 }
 
 struct Pending {
     bytes: Vec<u8>,
     frontier: Frontier,
     stop: bool,
+    /// A compaction handed over and not yet begun.
+    compact: Option<Compaction>,
+}
+
+/// A compaction for the sync thread: the snapshot record and its position.
+struct Compaction {
+    view: u64,
+    seq: u64,
+    members: u64,
+    prev: Option<(u64, u64)>,
+    state: Vec<u8>,
 }
 
 /// Where the log lives: a file with a sync thread, or memory (the
@@ -484,6 +775,7 @@ enum Backend {
         durable_bytes: usize,
         frontier: Frontier,
         durable: Frontier,
+        compactions_done: u64,
     },
 }
 
@@ -498,6 +790,13 @@ pub struct PersistLog {
     staged_frontier: Frontier,
     /// A write or sync failed: persistent delivery is over.
     failed: Option<String>,
+    /// Bytes handed over since the last compaction was asked for.
+    bytes_since_compaction: u64,
+    /// Compactions asked for (`compactions_done` catches up).
+    compactions_asked: u64,
+    /// The last view this log installed (its view record's fields): what
+    /// a snapshot in that view says about the view history.
+    installed: Option<ViewRecord>,
 }
 
 impl PersistLog {
@@ -515,6 +814,14 @@ impl PersistLog {
         };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(io("create the log directory"))?;
+        }
+        // A compaction cut short by a crash before its rename: the log and
+        // its snapshot file (if any) are as they were.
+        match std::fs::remove_file(snapshot_tmp_path(path)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io("remove an unfinished compaction")(e));
+            }
+            _ => {}
         }
         let mut file = OpenOptions::new()
             .create(true)
@@ -565,17 +872,26 @@ impl PersistLog {
                 bytes: header,
                 frontier: Frontier::default(),
                 stop: false,
+                compact: None,
             }),
             work: Condvar::new(),
             file: Mutex::new(file),
             durable: Mutex::new((Frontier::default(), None)),
             path: path.to_path_buf(),
             wake,
+            compactions_done: std::sync::atomic::AtomicU64::new(0),
         });
+        // Where the next compaction starts looking for the records after
+        // its snapshot: after the last one's (see `compact_in_place`).
+        let scan_from = recovered
+            .snapshot()
+            .map(|s| s.log_offset)
+            .filter(|o| *o >= FILE_HEADER_BYTES as u64)
+            .unwrap_or(FILE_HEADER_BYTES as u64);
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("spindle-log-{rank}"))
-            .spawn(move || sync_loop(&for_thread))
+            .spawn(move || sync_loop(&for_thread, scan_from))
             .map_err(io("start the sync thread"))?;
         Ok((
             PersistLog::with_backend(Backend::File {
@@ -594,6 +910,7 @@ impl PersistLog {
             durable_bytes: 0,
             frontier: Frontier::default(),
             durable: Frontier::default(),
+            compactions_done: 0,
         })
     }
 
@@ -604,6 +921,9 @@ impl PersistLog {
             spare: Vec::with_capacity(1 << 20),
             staged_frontier: Frontier::default(),
             failed: None,
+            bytes_since_compaction: 0,
+            compactions_asked: 0,
+            installed: None,
         }
     }
 
@@ -639,6 +959,7 @@ impl PersistLog {
 
     /// Hand the pass's staged records to the sync thread (one lock).
     pub fn commit(&mut self) {
+        self.bytes_since_compaction += self.staging.len() as u64;
         match &mut self.backend {
             Backend::File { shared, .. } => {
                 let Ok(mut p) = shared.pending.lock() else {
@@ -707,6 +1028,12 @@ impl PersistLog {
         let mut payload = [0u8; 16];
         payload[..8].copy_from_slice(&old_view.to_le_bytes());
         payload[8..].copy_from_slice(&members.to_le_bytes());
+        self.installed = Some(ViewRecord {
+            new_view,
+            old_view,
+            final_seq,
+            members,
+        });
         encode_record(&mut self.staging, KIND_VIEW, new_view, final_seq, 0, &payload);
         self.staged_frontier = Frontier { view: new_view, seq: 0 };
         match &mut self.backend {
@@ -740,6 +1067,97 @@ impl PersistLog {
         }
     }
 
+    /// Bytes appended since the last compaction was asked for (what
+    /// `GroupConfig::compact_log_bytes` is compared with).
+    pub fn bytes_since_compaction(&self) -> u64 {
+        self.bytes_since_compaction
+    }
+
+    /// Compactions this log finished.
+    pub fn compactions_done(&self) -> u64 {
+        match &self.backend {
+            Backend::File { shared, .. } => shared.compactions_done.load(std::sync::atomic::Ordering::Relaxed),
+            Backend::Memory { compactions_done, .. } => *compactions_done,
+        }
+    }
+
+    /// Whether a compaction was asked for and has not finished.
+    pub fn is_compacting(&self) -> bool {
+        self.compactions_done() < self.compactions_asked
+    }
+
+    /// Replace everything before message `seq` of `view` with `state`,
+    /// the application's snapshot after delivering exactly the messages
+    /// before that position (see the module docs). `members` is the
+    /// view's membership. Every message before the position must be on
+    /// disk (delivered messages are). The file is rewritten by the sync
+    /// thread; this returns at once.
+    pub fn compact(&mut self, view: u64, seq: u64, members: u64, state: &[u8]) -> Result<(), String> {
+        if let Some(f) = &self.failed {
+            return Err(f.clone());
+        }
+        debug_assert!(!self.is_compacting(), "one compaction at a time");
+        debug_assert!(
+            seq == 0 || self.is_durable(view, seq - 1),
+            "no loss of persisted messages: a compaction covers only messages on disk"
+        );
+        let prev = match self.installed {
+            Some(v) if v.new_view == view => (v.old_view != JOINED).then_some((v.old_view, v.final_seq)),
+            Some(v) => {
+                return Err(format!(
+                    "log compaction in view {view}, but the log's last view record installs view {}",
+                    v.new_view
+                ))
+            }
+            None if view == 0 => None,
+            None => return Err(format!("log compaction in view {view}, but the log installed no view")),
+        };
+        if state.len() > SNAPSHOT_STATE_BYTES_MAX {
+            return Err(format!(
+                "log compaction: the application's snapshot is {} bytes, more than a log record holds ({SNAPSHOT_STATE_BYTES_MAX})",
+                state.len()
+            ));
+        }
+        self.compactions_asked += 1;
+        self.bytes_since_compaction = 0;
+        match &mut self.backend {
+            Backend::File { shared, .. } => {
+                let mut p = shared
+                    .pending
+                    .lock()
+                    .map_err(|_| "the sync thread panicked".to_string())?;
+                p.compact = Some(Compaction {
+                    view,
+                    seq,
+                    members,
+                    prev,
+                    state: state.to_vec(),
+                });
+                shared.work.notify_one();
+                Ok(())
+            }
+            Backend::Memory {
+                appended,
+                durable_bytes,
+                compactions_done,
+                ..
+            } => {
+                // In memory the snapshot record leads the log itself.
+                let mut record = Vec::new();
+                encode_snapshot_record(&mut record, (view, seq), members, prev, 0, state)?;
+                // Everything before the position is durable: compact the
+                // durable part, keep what follows it as it is.
+                let mut compacted = compact_records(&appended[..*durable_bytes], view, seq, &record)?;
+                let new_durable = compacted.len();
+                compacted.extend_from_slice(&appended[*durable_bytes..]);
+                *appended = compacted;
+                *durable_bytes = new_durable;
+                *compactions_done += 1;
+                Ok(())
+            }
+        }
+    }
+
     /// Simulator: make everything committed durable.
     pub fn sim_sync(&mut self) {
         if let Backend::Memory {
@@ -747,6 +1165,7 @@ impl PersistLog {
             durable_bytes,
             frontier,
             durable,
+            ..
         } = &mut self.backend
         {
             *durable_bytes = appended.len();
@@ -823,27 +1242,180 @@ fn write_and_sync(
 }
 
 /// The sync thread: wait for bytes, write them, one `fdatasync`, publish.
-fn sync_loop(shared: &Shared) {
+fn sync_loop(shared: &Arc<Shared>, mut scan_from: u64) {
     let mut batch: Vec<u8> = Vec::with_capacity(1 << 20);
+    // The compaction under way, on a thread of its own beside the appends
+    // (one at a time: the core asks for the next once this one is done).
+    let mut compacting: Option<JoinHandle<Option<u64>>> = None;
+    let finish = |compacting: &mut Option<JoinHandle<Option<u64>>>, scan_from: &mut u64| {
+        if let Some(t) = compacting.take() {
+            if let Ok(Some(next)) = t.join() {
+                *scan_from = next;
+            }
+        }
+    };
     loop {
         let Ok(mut p) = shared.pending.lock() else { return };
-        while p.bytes.is_empty() && !p.stop {
+        while p.bytes.is_empty() && p.compact.is_none() && !p.stop {
             p = match shared.work.wait(p) {
                 Ok(p) => p,
                 Err(_) => return,
             };
         }
-        if p.bytes.is_empty() && p.stop {
+        if p.bytes.is_empty() && p.compact.is_none() && p.stop {
+            drop(p);
+            finish(&mut compacting, &mut scan_from);
             return;
         }
         std::mem::swap(&mut p.bytes, &mut batch);
         let frontier = p.frontier;
+        let compaction = p.compact.take();
         let Ok(file) = shared.file.lock() else { return };
         drop(p);
-        if write_and_sync(shared, file, &mut batch, frontier).is_err() {
+        if batch.is_empty() {
+            drop(file);
+        } else if write_and_sync(shared, file, &mut batch, frontier).is_err() {
             return;
         }
+        if let Some(c) = compaction {
+            finish(&mut compacting, &mut scan_from);
+            // Under the file lock no write is under way: the file's length
+            // ends at a record boundary, and every record before the
+            // snapshot's position is in it (delivered, so durable).
+            let handle = shared
+                .file
+                .lock()
+                .map_err(|_| "the file lock is poisoned".to_string())
+                .and_then(|f| {
+                    let len = f.metadata().map_err(|e| format!("stat: {e}"))?.len();
+                    Ok((f.try_clone().map_err(|e| format!("dup: {e}"))?, len))
+                });
+            let for_thread = Arc::clone(shared);
+            let from = scan_from;
+            let started = handle.and_then(|(file, len)| {
+                std::thread::Builder::new()
+                    .name("spindle-compact".into())
+                    .spawn(move || {
+                        let r = compact_in_place(&for_thread.path, &file, &c, from, len);
+                        let next = r.as_ref().ok().copied();
+                        compaction_done(&for_thread, r.map(|_| ()));
+                        next
+                    })
+                    .map_err(|e| format!("start the compaction thread: {e}"))
+            });
+            match started {
+                Ok(t) => compacting = Some(t),
+                Err(e) => compaction_done(shared, Err(format!("{}: log compaction: {e}", shared.path.display()))),
+            }
+        }
     }
+}
+
+/// A compaction ended: count it, or stop persistence with its error;
+/// then wake the progress thread.
+fn compaction_done(shared: &Shared, r: Result<(), String>) {
+    match r {
+        Ok(()) => {
+            shared
+                .compactions_done
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Err(e) => {
+            if let Ok(mut d) = shared.durable.lock() {
+                d.1.get_or_insert(e);
+            }
+        }
+    }
+    (shared.wake)();
+}
+
+/// Bytes a compaction reads at a time while it looks for where the
+/// records after its snapshot begin.
+const COMPACTION_SCAN_CHUNK_BYTES: usize = 1 << 20;
+
+/// Compact the log at `path` (`file`, its first `len` bytes written and
+/// not changing) in place for `c`, without copying it: find the first
+/// record after the snapshot's position (scanning record headers from
+/// `scan_from`, where the last compaction's records began), write the
+/// snapshot file naming that offset (beside it, synced, renamed into
+/// place, the directory synced), then punch a hole over the records
+/// before it, so the disk gives their space back. The log keeps its
+/// length, and appends go on at its end meanwhile (on the sync thread).
+/// Returns where the records after the snapshot begin.
+fn compact_in_place(path: &Path, file: &File, c: &Compaction, scan_from: u64, len: u64) -> Result<u64, String> {
+    use std::os::unix::fs::FileExt;
+    let err = |what: &'static str| {
+        let path = path.display().to_string();
+        move |e: std::io::Error| format!("{path}: log compaction: {what}: {e}")
+    };
+    let mut head = [0u8; RECORD_HEADER_BYTES];
+    file.read_exact_at(&mut head[..FILE_HEADER_BYTES], 0)
+        .map_err(err("read the header"))?;
+    let rank = u32_at(&head, 12);
+    // The file is in total order (a view's messages in seq order, then
+    // the next view's record, …): the records after the position are a
+    // suffix of it.
+    // Read in chunks (one syscall per chunk, not per record); a record
+    // whose header crosses a chunk's end is read again with the next.
+    let mut at = scan_from.max(FILE_HEADER_BYTES as u64);
+    let mut chunk = vec![0u8; COMPACTION_SCAN_CHUNK_BYTES];
+    'scan: while at + RECORD_HEADER_BYTES as u64 <= len {
+        let n = chunk.len().min((len - at) as usize);
+        file.read_exact_at(&mut chunk[..n], at).map_err(err("read the log"))?;
+        let mut i = 0usize;
+        while i + RECORD_HEADER_BYTES <= n {
+            let h = &chunk[i..i + RECORD_HEADER_BYTES];
+            if u32_at(h, 0) != RECORD_MAGIC {
+                return Err(format!(
+                    "{}: log compaction: no record at offset {} (bad magic {:#010x})",
+                    path.display(),
+                    at + i as u64,
+                    u32_at(h, 0)
+                ));
+            }
+            let (kind, view, seq) = (u32_at(h, 4), u64_at(h, 8), u64_at(h, 16));
+            let after = match kind {
+                KIND_MESSAGE => (view, seq) >= (c.view, c.seq),
+                KIND_VIEW => view > c.view,
+                _ => false,
+            };
+            if after {
+                at += i as u64;
+                break 'scan;
+            }
+            i += record_bytes(u32_at(h, 28) as usize);
+        }
+        at += i as u64;
+    }
+    let log_offset = at.min(len);
+    let mut out = Vec::with_capacity(FILE_HEADER_BYTES + RECORD_HEADER_BYTES + SNAPSHOT_PREFIX_BYTES + c.state.len());
+    out.extend_from_slice(&FILE_MAGIC);
+    out.extend_from_slice(&FILE_VERSION.to_le_bytes());
+    out.extend_from_slice(&rank.to_le_bytes());
+    encode_snapshot_record(&mut out, (c.view, c.seq), c.members, c.prev, log_offset, &c.state)?;
+    let tmp = snapshot_tmp_path(path);
+    std::fs::write(&tmp, &out).map_err(err("write the snapshot file"))?;
+    File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(err("sync the snapshot file"))?;
+    std::fs::rename(&tmp, snapshot_path(path)).map_err(err("rename the snapshot file into place"))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err("sync the log directory"))?;
+    }
+    // The snapshot is durable: the records before `log_offset` are no
+    // longer read. Give their blocks back (a file system without hole
+    // punching keeps them: only space is lost, not correctness).
+    if log_offset > FILE_HEADER_BYTES as u64 {
+        let _ = rustix::fs::fallocate(
+            file,
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            FILE_HEADER_BYTES as u64,
+            log_offset - FILE_HEADER_BYTES as u64,
+        );
+    }
+    Ok(log_offset)
 }
 
 #[cfg(test)]
@@ -909,6 +1481,162 @@ mod tests {
                 (1, 0, b"n0".to_vec())
             ]
         );
+    }
+
+    fn wait_compacted(log: &PersistLog, done: u64) {
+        for _ in 0..10_000 {
+            if log.compactions_done() >= done {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("the compaction never finished");
+    }
+
+    fn messages(log: &mut PersistLog, view: u64, seqs: std::ops::Range<u64>) {
+        let end = seqs.end;
+        for seq in seqs {
+            log.stage_message(view, seq, SenderWord::new(0, 0, 1), format!("{view}.{seq}").as_bytes());
+        }
+        log.stage_frontier(view, end);
+        log.commit();
+    }
+
+    fn history_of(rec: &RecoveredLog) -> Vec<(u64, u64)> {
+        rec.history().iter().map(|m| (m.view, m.seq)).collect()
+    }
+
+    #[test]
+    fn a_compacted_log_is_its_snapshot_then_the_records_after_it() {
+        let dir = tmp("compact");
+        let path = log_path(&dir, "g", 2);
+        {
+            let (mut log, _) = PersistLog::open(&path, 2, Box::new(|| {})).unwrap();
+            messages(&mut log, 0, 0..10);
+            wait_durable(&mut log, 0, 10);
+            // View 1 ends view 0 at seq 8 (8 and 9 trimmed).
+            log.install_view(1, 0, 8, 0b101).unwrap();
+            messages(&mut log, 1, 0..6);
+            wait_durable(&mut log, 1, 6);
+            assert!(log.bytes_since_compaction() > 0);
+            // The application applied view 0 (to seq 8) and view 1 to seq 4.
+            log.compact(1, 4, 0b101, b"state after 1.3").unwrap();
+            assert_eq!(log.bytes_since_compaction(), 0);
+            wait_compacted(&log, 1);
+            assert!(!log.is_compacting());
+            assert!(snapshot_path(&path).exists(), "the snapshot file");
+            // Appends go on in the new file.
+            messages(&mut log, 1, 6..8);
+            wait_durable(&mut log, 1, 8);
+        }
+        assert!(!snapshot_tmp_path(&path).exists(), "no leftover beside the log");
+        let rec = recover(&path).unwrap();
+        assert!(rec.dropped.is_none(), "{:?}", rec.dropped);
+        let snap = rec.snapshot().expect("a snapshot record");
+        // The records before the snapshot are not read (a hole, where the
+        // file system punches one).
+        assert!(snap.log_offset > FILE_HEADER_BYTES as u64);
+        assert_eq!((rec.records[1].view, rec.records[1].seq), (1, 4));
+        assert_eq!(
+            (snap.view, snap.seq, snap.members, snap.prev),
+            (1, 4, 0b101, Some((0, 8)))
+        );
+        assert_eq!(&rec.bytes[snap.state.clone()], b"state after 1.3");
+        assert_eq!(history_of(&rec), vec![(1, 4), (1, 5), (1, 6), (1, 7)]);
+        let s = rec.summary(0b111);
+        assert_eq!(
+            (s.last_view, s.last_members, s.prev, s.frontier, s.joined),
+            (1, 0b101, Some((0, 8)), 8, false)
+        );
+        // A second compaction replaces the first snapshot.
+        {
+            let (mut log, rec) = PersistLog::open(&path, 2, Box::new(|| {})).unwrap();
+            assert_eq!(rec.records.len(), 5);
+            log.install_view(2, 1, 8, 0b101).unwrap();
+            log.compact(2, 0, 0b101, b"second").unwrap();
+            wait_compacted(&log, 1);
+        }
+        let rec = recover(&path).unwrap();
+        assert_eq!(rec.records.iter().filter(|r| r.kind == KIND_SNAPSHOT).count(), 1);
+        assert_eq!(&rec.bytes[rec.snapshot().unwrap().state], b"second");
+        assert!(history_of(&rec).is_empty());
+        assert_eq!(rec.summary(0b111).prev, Some((1, 8)));
+    }
+
+    #[test]
+    fn the_view_records_after_a_snapshot_still_trim_their_views() {
+        let mut log = PersistLog::memory();
+        messages(&mut log, 0, 0..6);
+        log.sim_sync();
+        log.compact(0, 2, 0b11, b"s").unwrap();
+        assert_eq!(log.compactions_done(), 1);
+        // Not yet durable: kept as it is, after the compacted part.
+        messages(&mut log, 0, 6..7);
+        log.install_view(1, 0, 5, 0b01).unwrap();
+        let path = tmp("compact-mem").join("m.log");
+        let mut file = FILE_MAGIC.to_vec();
+        file.extend_from_slice(&FILE_VERSION.to_le_bytes());
+        file.extend_from_slice(&0u32.to_le_bytes());
+        file.extend_from_slice(log.sim_durable_bytes());
+        std::fs::write(&path, &file).unwrap();
+        let rec = recover(&path).unwrap();
+        // Seqs 5 and 6 of view 0 are beyond the view's end: not history.
+        assert_eq!(history_of(&rec), vec![(0, 2), (0, 3), (0, 4)]);
+        let s = rec.summary(0b11);
+        assert_eq!(
+            (s.last_view, s.last_members, s.prev, s.frontier),
+            (1, 0b01, Some((0, 5)), 0)
+        );
+    }
+
+    #[test]
+    fn compaction_refuses_what_it_cannot_place() {
+        let mut log = PersistLog::memory();
+        // View 3 without a view record: the snapshot could not say where
+        // the view history stands.
+        let e = log.compact(3, 0, 0b1, b"").unwrap_err();
+        assert!(e.contains("installed no view"), "{e}");
+        log.install_view(4, 3, 0, 0b1).unwrap();
+        let e = log.compact(5, 0, 0b1, b"").unwrap_err();
+        assert!(e.contains("installs view 4"), "{e}");
+        assert_eq!(log.compactions_done(), 0);
+    }
+
+    #[test]
+    fn a_damaged_or_foreign_snapshot_file_is_refused_and_an_unfinished_one_removed() {
+        let dir = tmp("compact-damage");
+        let path = log_path(&dir, "g", 0);
+        {
+            let (mut log, _) = PersistLog::open(&path, 0, Box::new(|| {})).unwrap();
+            messages(&mut log, 0, 0..4);
+            wait_durable(&mut log, 0, 4);
+            log.compact(0, 4, 0b1, &[7u8; 64]).unwrap();
+            wait_compacted(&log, 1);
+        }
+        // A crash before the rename leaves a temporary file: removed.
+        std::fs::write(snapshot_tmp_path(&path), b"half a compaction").unwrap();
+        drop(PersistLog::open(&path, 0, Box::new(|| {})).unwrap());
+        assert!(
+            !snapshot_tmp_path(&path).exists(),
+            "the unfinished compaction is removed at open"
+        );
+        // A flipped byte in the snapshot: refused, naming the file; the
+        // state it held is not guessed at.
+        let good = std::fs::read(snapshot_path(&path)).unwrap();
+        let mut bad = good.clone();
+        bad[FILE_HEADER_BYTES + RECORD_HEADER_BYTES + SNAPSHOT_PREFIX_BYTES + 10] ^= 0xff;
+        std::fs::write(snapshot_path(&path), &bad).unwrap();
+        let e = recover(&path).unwrap_err().to_string();
+        assert!(e.contains("log.snapshot") && e.contains("checksum mismatch"), "{e}");
+        // A snapshot file beside another log (the log moved away, the
+        // snapshot left behind): refused.
+        std::fs::write(snapshot_path(&path), &good).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let e = PersistLog::open(&path, 0, Box::new(|| {}))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("different logs"), "{e}");
     }
 
     #[test]

@@ -247,9 +247,14 @@ pub struct ReplayMessage {
     pub bytes: Range<usize>,
 }
 
-/// The history a restarted member hands its application: its log's
-/// messages in total order, below the plan's cut.
+/// The history a restarted member hands its application: the snapshot
+/// its log was compacted to, if any, then its log's messages in total
+/// order, below the plan's cut.
 pub struct Replay {
+    /// The application's state at `snapshot_at` (view, seq), restored
+    /// before the first message (see [`crate::persist`]'s compaction).
+    pub snapshot: Option<Vec<u8>>,
+    pub snapshot_at: (u64, u64),
     pub messages: Vec<ReplayMessage>,
     pub bytes: Vec<u8>,
     /// Messages handed over so far.
@@ -269,7 +274,26 @@ pub fn seal(
     plan: &RestartPlan,
 ) -> Result<Replay, String> {
     let history = recovered.history();
+    let snapshot = recovered.snapshot();
+    if let Some(snap) = &snapshot {
+        // Only delivered messages are compacted, and a delivered message
+        // is on every member's disk: below the cut (see the module docs).
+        let history_end = (plan.last_view, plan.cut_seq);
+        let past_prev_end = plan.prev.is_some_and(|(pv, pf)| snap.view == pv && snap.seq > pf);
+        if (snap.view, snap.seq) > history_end || past_prev_end {
+            return Err(format!(
+                "{}: its snapshot holds the messages up to view {} seq {}, beyond the history the members agree on                  (view {} up to seq {}): the logs are of different runs",
+                recovered.path.display(),
+                snap.view,
+                snap.seq,
+                plan.last_view,
+                plan.cut_seq
+            ));
+        }
+    }
     let mut replay = Replay {
+        snapshot: snapshot.as_ref().map(|s| recovered.bytes[s.state.clone()].to_vec()),
+        snapshot_at: snapshot.as_ref().map_or((0, 0), |s| (s.view, s.seq)),
         messages: Vec::with_capacity(history.len()),
         bytes: Vec::new(),
         next: 0,

@@ -37,10 +37,13 @@ pub trait StateMachine {
     /// Apply one delivered message (every member applies the same
     /// messages in the same order).
     fn apply(&mut self, d: &Delivery<'_>);
-    /// The whole state, for a member that joins.
+    /// The whole state, for a member that joins, or to compact a
+    /// persistent log to (`GroupConfig::compact_log_bytes`).
     fn snapshot(&self, out: &mut Vec<u8>);
     /// Replace the state with a snapshot (a joiner, before its first
-    /// delivery). An error stops the join with the reason.
+    /// delivery; a restart over a compacted log, before the messages
+    /// after the snapshot). An error stops the join or restart with the
+    /// reason.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
     /// A view was installed (after the old view's last delivery).
     fn view_installed(&mut self, _view: &View) {}
@@ -81,5 +84,8 @@ impl<S: StateMachine> Upcalls for Replicated<S> {
     }
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
         self.state.restore(snapshot)
+    }
+    fn takes_snapshots(&self) -> bool {
+        true
     }
 }

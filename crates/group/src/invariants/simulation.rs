@@ -217,6 +217,10 @@ pub struct SimPlan {
     /// Persistent mode: per step, the chance that a member's log syncs
     /// (what its sync thread made durable since the last one).
     pub sync_per_mille: u64,
+    /// Persistent mode: `GroupConfig::compact_log_bytes` (0: the logs are
+    /// never compacted). Drawn for half the persistent plans; every
+    /// compaction is checked (see `Cluster::check_compacted`).
+    pub compact_log_bytes: u64,
     /// Per burst, the chance that a sender's application starts a large
     /// message (2 to 6 slots long, sent as fragments beside its small
     /// ones; see [`crate::large`]). Drawn for a third of the plans whose
@@ -233,6 +237,8 @@ const WORKLOAD_STREAM: u64 = 0x574B_4C44;
 /// Persistent mode's draws (its own stream: plans and runs of the other
 /// modes are what they were before persistent mode existed).
 const PERSIST_STREAM: u64 = 0x5045_5253;
+/// Log compaction's draws (their own stream, like persistent mode's).
+const COMPACT_STREAM: u64 = 0x434D_5054;
 /// Large messages' draws (their own stream, like persistent mode's).
 const LARGE_STREAM: u64 = 0x4C52_4745;
 /// Subgroup layouts' draws (their own stream, like the above).
@@ -298,6 +304,7 @@ impl SimPlan {
             suspect_timeout_ns: 0,
             drain_steps_max: 4_000,
             sync_per_mille: 0,
+            compact_log_bytes: 0,
             large_per_mille: 0,
             subgroups: Vec::new(),
         };
@@ -307,6 +314,13 @@ impl SimPlan {
         if plan.mode == DeliveryMode::Ordered && persist_rng.chance(333) {
             plan.mode = DeliveryMode::Persistent;
             plan.sync_per_mille = persist_rng.range(50, 1000);
+            let mut compact_rng = SimRng::new(spec.seed).fork(COMPACT_STREAM);
+            if compact_rng.chance(500) {
+                plan.compact_log_bytes = compact_rng.range(
+                    crate::config::defaults::COMPACT_LOG_BYTES_MIN,
+                    4 * crate::config::defaults::COMPACT_LOG_BYTES_MIN,
+                );
+            }
         }
         let mut large_rng = SimRng::new(spec.seed).fork(LARGE_STREAM);
         if plan.slot_payload_max >= crate::large::FRAGMENT_HEADER_BYTES + 8 && large_rng.chance(333) {
@@ -407,7 +421,7 @@ impl SimPlan {
         format!(
             "senders={} mode={} window_slots={} slot_payload_max={} batching={} send={}‰ burst≤{} abandon={}‰ reserve_batch={} tick≤{}ns \
              delay≤{}ns split≤{} slow_links={:?} speed‰={:?} detect_timeout={}ns suspect_timeout={}ns crash={:?} \
-             partition={:?} joiner={:?} leaver={:?} pause={:?} large={}‰ subgroups={:?}",
+             partition={:?} joiner={:?} leaver={:?} pause={:?} large={}‰ subgroups={:?} compact_log_bytes={}",
             self.senders.as_str(),
             self.mode.as_str(),
             self.window_slots,
@@ -433,7 +447,8 @@ impl SimPlan {
             self.subgroups
                 .iter()
                 .map(|g| format!("{}:{}x{}{}", g.name, g.shards, g.members_per_shard, if g.overlapping { "+" } else { "" }))
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>(),
+            self.compact_log_bytes
         )
     }
 }
@@ -482,6 +497,8 @@ pub struct SimReport {
     /// and those of them a view change cut (delivered nowhere, said).
     pub large_sent: u64,
     pub large_cut: u64,
+    /// Persistent mode: log compactions checked (see `compact_log_bytes`).
+    pub log_compactions: u64,
     /// Subgroup layouts computed and checked (member × view), and the
     /// views too small for the drawn subgroups (inadequate).
     pub layouts_checked: u64,
@@ -517,6 +534,7 @@ pub fn run_plan(spec: &SimSpec, plan: SimPlan) -> SimReport {
         view_logs: ViewLogs::new(),
         large_sent: 0,
         large_cut: 0,
+        log_compactions: 0,
         layouts_checked: 0,
         layouts_inadequate: 0,
     };
@@ -560,6 +578,7 @@ pub fn run_plan(spec: &SimSpec, plan: SimPlan) -> SimReport {
     report.view_logs = std::mem::take(&mut cluster.view_logs);
     report.large_sent = cluster.large_sent_ids.iter().map(|ids| ids.len() as u64).sum();
     report.large_cut = cluster.cut_sent.iter().sum();
+    report.log_compactions = cluster.compactions_checked.iter().sum();
     if report.failure.is_none() {
         match check_subgroup_layouts(&report.plan.subgroups, &report.view_logs) {
             Ok((checked, inadequate)) => {
@@ -706,15 +725,19 @@ type Inbox = Arc<Mutex<Vec<Delivered>>>;
 type OwnCuts = Arc<Mutex<Vec<u64>>>;
 
 /// A simulated member's application: deliveries go to its inbox, the cuts
-/// of its own large messages to its list.
+/// of its own large messages to its list. Its state, for a log
+/// compaction, is how many messages it delivered (a joiner counts from
+/// its join: it keeps its count when it is sent a state).
 struct SimApp {
     rank: usize,
     inbox: Inbox,
     own_cuts: OwnCuts,
+    delivered: u64,
 }
 
 impl crate::Upcalls for SimApp {
     fn deliver(&mut self, d: &crate::Delivery<'_>) {
+        self.delivered += 1;
         self.inbox.lock().expect("inbox").push(Delivered {
             member: self.rank,
             view: d.view,
@@ -729,6 +752,19 @@ impl crate::Upcalls for SimApp {
         if sender_rank == self.rank {
             self.own_cuts.lock().expect("own cuts").push(message_id);
         }
+    }
+    fn snapshot(&mut self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.delivered.to_le_bytes());
+    }
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        if snapshot.is_empty() || snapshot.len() == 8 {
+            Ok(())
+        } else {
+            Err(format!("a simulated member's state is 8 bytes, not {}", snapshot.len()))
+        }
+    }
+    fn takes_snapshots(&self) -> bool {
+        true
     }
 }
 
@@ -757,6 +793,10 @@ struct Cluster {
     large: Vec<Option<(LargeSend<SimFabric>, Vec<u8>)>>,
     /// Per member, the ids of its large messages that counted as sent.
     large_sent_ids: Vec<Vec<u64>>,
+    /// Per member, the log compactions checked so far, and its
+    /// deliveries when its compacted log was last checked.
+    compactions_checked: Vec<u64>,
+    compaction_checked_deliveries: Vec<usize>,
     /// Per member, its cut large messages that had counted as sent
     /// (delivered nowhere: the group said so, see `large_message_cut`).
     cut_sent: Vec<u64>,
@@ -779,6 +819,10 @@ impl Cluster {
         config.peer_check_interval = Duration::from_nanos(plan.peer_check_interval_ns);
         config.membership = true;
         config.suspect_timeout = Duration::from_nanos(plan.suspect_timeout_ns);
+        // A scenario may pin another mode over a persistent draw.
+        if plan.mode == DeliveryMode::Persistent {
+            config.compact_log_bytes = plan.compact_log_bytes;
+        }
         if let Some((joiner, _)) = plan.joiner {
             config.initial_members = Some((0..spec.members).filter(|r| *r != joiner).collect());
         }
@@ -855,6 +899,8 @@ impl Cluster {
             large_rng: SimRng::new(spec.seed).fork(LARGE_STREAM).fork(WORKLOAD_STREAM),
             large: (0..n).map(|_| None).collect(),
             large_sent_ids: vec![Vec::new(); n],
+            compactions_checked: vec![0; n],
+            compaction_checked_deliveries: vec![0; n],
             cut_sent: vec![0; n],
             own_cuts,
             step: 0,
@@ -873,6 +919,7 @@ impl Cluster {
             rank: group.my_rank(),
             inbox: Arc::clone(inbox),
             own_cuts: Arc::clone(own_cuts),
+            delivered: 0,
         };
         GroupAgent::new(group, app)
     }
@@ -1186,6 +1233,7 @@ impl Cluster {
             self.ends[m] = MemberEnd::Crashed;
         }
         self.check_deliveries(m)?;
+        self.check_compacted(m).map_err(|v| self.fail(v))?;
         self.take_own_cuts(m);
         self.check_view(m)?;
         let churn = self.plan.joiner.is_some() || self.plan.leaver.is_some();
@@ -1246,6 +1294,76 @@ impl Cluster {
         self.checker
             .on_view_with_senders(m, view.id, &view.members, &view.senders)
             .map_err(|v| self.fail(v))?;
+        Ok(())
+    }
+
+    /// Persistent mode, once a member's log was compacted: after every
+    /// step that compacted it or delivered, the compacted log reads back
+    /// whole; its snapshot holds exactly the messages this member
+    /// delivered before the snapshot's position ("a snapshot holds only
+    /// delivered messages"), and every message it delivered from there on
+    /// is in the log after it, with its bytes ("no loss of persisted
+    /// messages": what a restart would replay).
+    fn check_compacted(&mut self, m: usize) -> Result<(), Violation> {
+        let Some(log) = self.agents[m].as_ref().and_then(|a| a.group.core().persist_log()) else {
+            return Ok(());
+        };
+        let done = log.compactions_done();
+        let deliveries = self.logs[&m].len();
+        if done == 0 || (done == self.compactions_checked[m] && deliveries == self.compaction_checked_deliveries[m]) {
+            return Ok(());
+        }
+        self.compactions_checked[m] = done;
+        self.compaction_checked_deliveries[m] = deliveries;
+        let property = "no loss of persisted messages";
+        let rec = crate::persist::recover_records(log.sim_durable_bytes(), m as u32);
+        if let Some(d) = &rec.dropped {
+            return Err(Violation::new(
+                property,
+                format!("member {m}'s compacted log does not read back: {}", d.reason),
+            ));
+        }
+        let snap = rec
+            .snapshot()
+            .ok_or_else(|| Violation::new(property, format!("member {m}'s compacted log has no snapshot")))?;
+        let at = (snap.view, snap.seq);
+        let state = &rec.bytes[snap.state.clone()];
+        let count = u64::from_le_bytes(
+            state
+                .try_into()
+                .map_err(|_| Violation::new(property, format!("member {m}'s snapshot is {} bytes", state.len())))?,
+        );
+        let delivered = &self.logs[&m];
+        let before = delivered.iter().filter(|e| (e.view, e.seq) < at).count() as u64;
+        if before != count {
+            return Err(Violation::new(
+                "a snapshot holds only delivered messages",
+                format!(
+                    "member {m}'s snapshot at view {} seq {} holds {count} messages; it delivered {before} before there",
+                    at.0, at.1
+                ),
+            ));
+        }
+        let history: std::collections::HashMap<(u64, u64), u64> = rec
+            .history()
+            .iter()
+            .filter(|h| !h.fragment)
+            .map(|h| ((h.view, h.seq), xxhash_rust::xxh3::xxh3_64(h.payload)))
+            .collect();
+        let slot = self.plan.slot_payload_max as u64;
+        for e in delivered.iter().filter(|e| (e.view, e.seq) >= at && e.len <= slot) {
+            let xxh3 = format!("{:016x}", history.get(&(e.view, e.seq)).copied().unwrap_or(0));
+            if !history.contains_key(&(e.view, e.seq)) || xxh3 != e.xxh3 {
+                return Err(Violation::new(
+                    property,
+                    format!(
+                        "member {m} delivered seq {} of view {} after its snapshot (view {} seq {}), \
+                         but its compacted log does not hold it",
+                        e.seq, e.view, at.0, at.1
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 
