@@ -86,6 +86,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         pin_cpu_base: 0,
         delivery_log: Some(log_dir.clone()),
         persist_dir: None,
+        compact_log_bytes: 0,
         result_dir: work_dir.clone(),
         join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
         transport: "shm".into(),

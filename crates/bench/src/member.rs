@@ -72,6 +72,9 @@ pub struct MemberSpec {
     /// Persistent mode: the directory of the members' logs.
     #[serde(default)]
     pub persist_dir: Option<PathBuf>,
+    /// Persistent mode: `GroupConfig::compact_log_bytes` (0: never).
+    #[serde(default)]
+    pub compact_log_bytes: u64,
     pub result_dir: PathBuf,
     pub join_timeout_ms: u64,
     /// "shm" (default), "tcp", or "ofi" / `"ofi:<provider>"` (libfabric,
@@ -144,6 +147,7 @@ impl MemberSpec {
         config.senders = SenderSet::Ranks(self.senders.clone());
         config.mode = DeliveryMode::parse(&self.mode)?;
         config.persist_dir = self.persist_dir.clone();
+        config.compact_log_bytes = self.compact_log_bytes;
         config.window_slots = self.window;
         config.slot_payload_max = self.slot_payload_max;
         config.large_message_max_bytes = self.large_message_max_bytes;
@@ -242,6 +246,10 @@ struct Tally {
     /// persistent log at a restart (views before the first view of this
     /// run): history, not this run's traffic, so not in the figures above.
     replayed_msgs: u64,
+    /// Messages this member's state covers, across runs: what a
+    /// persistent log compacts to (`group.compact_log_bytes`): the
+    /// member's only state is how much history it has applied.
+    history_msgs: u64,
 }
 
 /// The counter field of a sender's last message in a run without a count
@@ -277,6 +285,7 @@ impl spindle_group::Upcalls for Deliverer<'_> {
     #[inline]
     fn deliver(&mut self, d: &spindle_group::Delivery<'_>) {
         let tally = &mut *self.tally;
+        tally.history_msgs += 1;
         if d.view < self.first_view {
             tally.replayed_msgs += 1;
             return;
@@ -317,6 +326,22 @@ impl spindle_group::Upcalls for Deliverer<'_> {
                 self.tally.log_error.get_or_insert(e.to_string());
             }
         }
+    }
+
+    fn snapshot(&mut self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.tally.history_msgs.to_le_bytes());
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        let bytes: [u8; 8] = snapshot
+            .try_into()
+            .map_err(|_| format!("a run member's snapshot is 8 bytes, not {}", snapshot.len()))?;
+        self.tally.history_msgs = u64::from_le_bytes(bytes);
+        Ok(())
+    }
+
+    fn takes_snapshots(&self) -> bool {
+        true
     }
 
     fn view_installed(&mut self, view: &spindle_group::View) {
@@ -371,6 +396,7 @@ pub fn run_member_until(spec: &MemberSpec, rank: usize, stop: &AtomicBool) -> Re
         delivered_by_rank: [0; spindle_fabric::MEMBERS_MAX],
         ended_ranks: 0,
         replayed_msgs: 0,
+        history_msgs: 0,
     };
     match spec.transport.as_str() {
         "" | "shm" => {

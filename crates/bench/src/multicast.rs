@@ -42,6 +42,10 @@ pub struct MulticastArgs {
     /// /tmp or /dev/shm, which may be memory).
     #[arg(long)]
     pub persist_dir: Option<PathBuf>,
+    /// Persistent mode: compact each member's log to its snapshot every
+    /// this many bytes (`group.compact_log_bytes`; 0: never).
+    #[arg(long, default_value_t = 0)]
+    pub compact_log_bytes: u64,
     /// Slots in each sender's ring (a power of two).
     #[arg(long, default_value_t = defaults::WINDOW_SLOTS)]
     pub window: usize,
@@ -342,6 +346,19 @@ pub fn measure_with_tcp(
     // one message at a time.
     let fsync_loop = match &persist_dir {
         Some(d) => {
+            // What the logs take on disk at the end (compaction bounds
+            // it: what it dropped is a hole in the file).
+            let log_bytes: Vec<u64> = (0..args.members)
+                .map(|r| {
+                    let path = spindle_group::persist::log_path(d, &spec.group, r);
+                    std::fs::metadata(path).map_or(0, |m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+                })
+                .collect();
+            let compactions: Vec<u64> = results
+                .iter()
+                .map(|r| r.counters.get("log_compactions").copied().unwrap_or(0))
+                .collect();
+            println!("persistent logs at the end (bytes on disk per member): {log_bytes:?}; log compactions per member: {compactions:?}");
             let r = crate::baseline::fsync_loop(d, args.size, Duration::from_secs(2));
             let _ = std::fs::remove_dir_all(d);
             Some(r?)
@@ -458,6 +475,7 @@ fn member_spec(
         pin_cpu_base: 0,
         delivery_log: args.delivery_log.clone(),
         persist_dir,
+        compact_log_bytes: args.compact_log_bytes,
         result_dir,
         join_timeout_ms: defaults::JOIN_TIMEOUT_MS,
         transport: args.transport.clone(),

@@ -140,6 +140,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         pin_cpu_base: 0,
         delivery_log: args.delivery_log.clone(),
         persist_dir: file.persist_dir.clone(),
+        compact_log_bytes: file.compact_log_bytes,
         result_dir: result_dir.clone(),
         join_timeout_ms: file.join_timeout_ms,
         transport: file.transport.clone(),
@@ -383,6 +384,12 @@ impl RunReport {
     fn print(&self) {
         let (who, r, own, all) = (&self.who, &self.result, &self.own, &self.all);
         let replayed_msgs = r.counters.get("replayed_msgs").copied().unwrap_or(0);
+        if r.counters.get("snapshots_restored").copied().unwrap_or(0) > 0 {
+            println!(
+                "{who}: restored the snapshot its persistent log was compacted to (group.compact_log_bytes), \
+                 then the messages after it"
+            );
+        }
         if replayed_msgs > 0 {
             println!(
                 "{who}: replayed {replayed_msgs} messages of earlier runs from its persistent log \

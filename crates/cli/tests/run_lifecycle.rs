@@ -418,3 +418,58 @@ fn a_persistent_run_over_an_earlier_log_counts_only_its_own_messages() {
         }
     }
 }
+
+#[test]
+fn a_persistent_run_over_a_compacted_log_restores_its_snapshot_then_the_rest() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let group = unique_group("compact");
+    let config = write_group(
+        dir.path(),
+        &group,
+        2,
+        "membership = true\nmode = \"persistent\"\npersist_dir = \"logs-compact\"\ncompact_log_bytes = 4096",
+    );
+    let count = 300u64;
+    let args = ["--count", "300"];
+    for round in 0..2 {
+        let logs = dir.path().join(format!("delivery-{round}"));
+        let mut members: Vec<Member> = (0..2)
+            .map(|id| Member::start(&config, id, &logs, dir.path(), &args))
+            .collect();
+        for m in &mut members {
+            let code = m.wait();
+            assert_eq!(code, 0, "round {round}: member {} failed:\n{}", m.id, m.text());
+            let text = m.text();
+            assert!(
+                text.contains(&format!("delivered {} messages", 2 * count)),
+                "round {round}: member {} must count this run's messages only:\n{text}",
+                m.id
+            );
+            let compactions = result_counter(dir.path(), m.id, "log_compactions");
+            let restored = result_counter(dir.path(), m.id, "snapshots_restored");
+            let replayed = result_counter(dir.path(), m.id, "replayed_msgs");
+            if round == 0 {
+                // 600 messages of 64 B and more are far beyond 4 KiB.
+                assert!(compactions > 0, "member {} never compacted its log:\n{text}", m.id);
+                assert_eq!((restored, replayed), (0, 0), "a first run has no history:\n{text}");
+            } else {
+                // The history is the snapshot plus the records after it:
+                // fewer than the first run's 600 messages are replayed.
+                assert_eq!(restored, 1, "member {} restored no snapshot:\n{text}", m.id);
+                assert!(replayed < 2 * count, "member {} replayed {replayed}:\n{text}", m.id);
+                assert!(
+                    text.contains("restored the snapshot its persistent log was compacted to"),
+                    "member {} does not say it restored a snapshot:\n{text}",
+                    m.id
+                );
+            }
+        }
+        let (lines, _) = check_logs(&logs);
+        for member in 0..2 {
+            for sender in 0..2 {
+                assert_eq!(delivered_from(&lines, member, sender) as u64, count);
+            }
+        }
+    }
+}

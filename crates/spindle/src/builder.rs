@@ -155,6 +155,17 @@ impl<A: Upcalls> GroupBuilder<A> {
         self
     }
 
+    /// Persistent mode: compact the log to the application's snapshot
+    /// once this many bytes were appended since the last compaction (0,
+    /// the default: never). The application must be a
+    /// [`crate::StateMachine`] in [`crate::Replicated`] (or upcalls that
+    /// take snapshots): a restart restores the snapshot, then replays the
+    /// messages after it.
+    pub fn compact_log_bytes(mut self, bytes: u64) -> Self {
+        self.config.compact_log_bytes = bytes;
+        self
+    }
+
     /// Which members send (default: all).
     pub fn senders(mut self, senders: SenderSet) -> Self {
         self.config.senders = senders;

@@ -63,7 +63,7 @@ impl From<String> for ConfigError {
 
 /// Keys of the `[group]` table, with their defaults (as TOML text; `None`:
 /// required or optional without a default).
-pub const GROUP_KEYS: [(&str, Option<&str>); 21] = [
+pub const GROUP_KEYS: [(&str, Option<&str>); 22] = [
     ("name", None),
     ("transport", Some("\"tcp\"")),
     ("mode", Some("\"ordered\"")),
@@ -85,6 +85,7 @@ pub const GROUP_KEYS: [(&str, Option<&str>); 21] = [
     ("membership", Some("true")),
     ("suspect_timeout_ms", Some("500")),
     ("persist_dir", None),
+    ("compact_log_bytes", Some("0")),
 ];
 const MEMBER_KEYS: [&str; 3] = ["id", "address", "listen"];
 /// Key files shorter than this are refused (a guessable key protects nothing).
@@ -134,6 +135,9 @@ pub struct GroupFile {
     /// resolved against the file's directory (required by, and only
     /// allowed with, `mode = "persistent"`).
     pub persist_dir: Option<PathBuf>,
+    /// `group.compact_log_bytes`: persistent mode compacts a member's log
+    /// to the application's snapshot every this many bytes (0: never).
+    pub compact_log_bytes: u64,
     /// `group.senders`: which members send.
     pub senders: SenderSet,
     /// `group.window_slots`: slots in each sender's ring.
@@ -293,6 +297,7 @@ impl GroupFile {
         let window_slots = integer(&get("window_slots"), "group.window_slots")?;
         let slot_payload_max = integer(&get("slot_payload_max"), "group.slot_payload_max")?;
         let large_message_max_bytes = integer(&get("large_message_max_bytes"), "group.large_message_max_bytes")? as u64;
+        let compact_log_bytes = integer(&get("compact_log_bytes"), "group.compact_log_bytes")? as u64;
         let join_timeout_ms = integer(&get("join_timeout_ms"), "group.join_timeout_ms")? as u64;
         let peer_timeout_ms = integer(&get("peer_timeout_ms"), "group.peer_timeout_ms")? as u64;
         let idle = match string(&get("idle"), "group.idle")?.expect("default").as_str() {
@@ -399,6 +404,7 @@ impl GroupFile {
             transport,
             mode,
             persist_dir,
+            compact_log_bytes,
             senders,
             window_slots,
             slot_payload_max,
@@ -432,6 +438,7 @@ impl GroupFile {
         c.senders = self.senders.clone();
         c.mode = self.mode;
         c.persist_dir = self.persist_dir.clone();
+        c.compact_log_bytes = self.compact_log_bytes;
         c.window_slots = self.window_slots;
         c.slot_payload_max = self.slot_payload_max;
         c.large_message_max_bytes = self.large_message_max_bytes;
@@ -446,6 +453,7 @@ impl GroupFile {
             text.replace("window_slots =", "group.window_slots =")
                 .replace("slot_payload_max =", "group.slot_payload_max =")
                 .replace("large_message_max_bytes =", "group.large_message_max_bytes =")
+                .replace("compact_log_bytes =", "group.compact_log_bytes =")
                 .replace("senders:", "group.senders:")
                 .replace("suspect_timeout =", "group.suspect_timeout_ms =")
         })?;

@@ -169,6 +169,14 @@ impl<A: Upcalls> Group<A> {
         self.inner.pause_receive(paused);
     }
 
+    /// Persistent mode: compact this member's log to the application's
+    /// snapshot at the next poll that can (see
+    /// [`spindle_group::Group::compact_log`]; the builder's
+    /// [`GroupBuilder::compact_log_bytes`] does it every so many bytes).
+    pub fn compact_log(&mut self) -> Result<(), Error> {
+        Ok(self.inner.compact_log()?)
+    }
+
     /// The lower layer's member (for the counters and positions).
     pub fn inner(&self) -> &spindle_group::Group<AnyFabric> {
         &self.inner
