@@ -144,6 +144,9 @@ struct Tally {
     large_runs: u64,
     large_sent: u64,
     large_cut: u64,
+    /// Persistent runs whose plan compacts the logs; compactions checked.
+    compacting_runs: u64,
+    log_compactions: u64,
     /// Subgroup layouts checked (member × view) and inadequate views.
     layouts_checked: u64,
     layouts_inadequate: u64,
@@ -164,6 +167,8 @@ impl Tally {
         self.large_runs += (report.plan.large_per_mille > 0) as u64;
         self.large_sent += report.large_sent;
         self.large_cut += report.large_cut;
+        self.compacting_runs += (report.plan.compact_log_bytes > 0) as u64;
+        self.log_compactions += report.log_compactions;
         self.layouts_checked += report.layouts_checked;
         self.layouts_inadequate += report.layouts_inadequate;
         if report.lost_members() > 0 {
@@ -211,6 +216,10 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     println!(
         "subgroup layouts checked at every view change: {} (member × view), {} views too small for their drawn subgroups",
         tally.layouts_checked, tally.layouts_inadequate
+    );
+    println!(
+        "persistent log compactions checked: {} in {} runs",
+        tally.log_compactions, tally.compacting_runs
     );
     println!("{} seeds, {} violations", tally.seeds, tally.failures.len());
     if !tally.failures.is_empty() {
@@ -294,6 +303,8 @@ fn write_json(path: &std::path::Path, args: &SimArgs, v: &Validated, t: &Tally, 
         "runs_with_large_messages": t.large_runs,
         "large_messages_sent": t.large_sent,
         "large_messages_cut_by_a_view_change": t.large_cut,
+        "runs_compacting_their_logs": t.compacting_runs,
+        "log_compactions_checked": t.log_compactions,
         "subgroup_layouts_checked": t.layouts_checked,
         "subgroup_views_inadequate": t.layouts_inadequate,
         "steps": t.steps,
