@@ -365,22 +365,25 @@ fn a_second_signal_exits_at_once_and_still_removes_the_files() {
     members[0].signal(libc::SIGCONT);
 }
 
-/// A persistent group run twice over the same logs: the second run first
-/// replays the first one's history (said, and not counted as its own
-/// traffic), then delivers exactly its own run's messages.
-#[test]
-fn a_persistent_run_over_an_earlier_log_counts_only_its_own_messages() {
+/// A 2-member persistent tcp group run twice over the same logs, `COUNT`
+/// messages per sender each time, with `extra` in its group file:
+/// every member must exit 0 and count exactly its own run's messages,
+/// and both runs' delivery logs must pass the checkers; `check(round,
+/// member, output, counter)` looks at the rest (`counter(name)`: one of
+/// the member's result counters).
+fn two_persistent_runs(tag: &str, extra: &str, check: impl Fn(usize, usize, &str, &dyn Fn(&str) -> u64)) {
+    const COUNT: u64 = 300;
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let group = unique_group("again");
+    let group = unique_group(tag);
     let config = write_group(
         dir.path(),
         &group,
         2,
-        "membership = true\nmode = \"persistent\"\npersist_dir = \"logs-persist\"",
+        &format!("membership = true\nmode = \"persistent\"\npersist_dir = \"logs-{tag}\"\n{extra}"),
     );
-    let count = 300u64;
-    let args = ["--count", "300"];
+    let count = COUNT.to_string();
+    let args = ["--count", count.as_str()];
     for round in 0..2 {
         let logs = dir.path().join(format!("delivery-{round}"));
         let mut members: Vec<Member> = (0..2)
@@ -390,86 +393,65 @@ fn a_persistent_run_over_an_earlier_log_counts_only_its_own_messages() {
             let code = m.wait();
             assert_eq!(code, 0, "round {round}: member {} failed:\n{}", m.id, m.text());
             let text = m.text();
-            let own = format!("delivered {} messages", 2 * count);
             assert!(
-                text.contains(&own),
+                text.contains(&format!("delivered {} messages", 2 * COUNT)),
                 "round {round}: member {} must count this run's {} messages only:\n{text}",
                 m.id,
-                2 * count
+                2 * COUNT
             );
-            let replayed = result_counter(dir.path(), m.id, "replayed_msgs");
-            if round == 0 {
-                assert_eq!(replayed, 0, "a first run has no history:\n{text}");
-            } else {
-                // Everything the first run delivered is history now.
-                assert_eq!(replayed, 2 * count, "member {} replayed:\n{text}", m.id);
-                assert!(
-                    text.contains(&format!("replayed {replayed} messages of earlier runs")),
-                    "member {} does not say it replayed history:\n{text}",
-                    m.id
-                );
-            }
+            check(round, m.id, &text, &|name| result_counter(dir.path(), m.id, name));
         }
         let (lines, _) = check_logs(&logs);
         for member in 0..2 {
             for sender in 0..2 {
-                assert_eq!(delivered_from(&lines, member, sender) as u64, count);
+                assert_eq!(delivered_from(&lines, member, sender) as u64, COUNT);
             }
         }
     }
 }
 
+/// A persistent group run twice over the same logs: the second run first
+/// replays the first one's history (said, and not counted as its own
+/// traffic), then delivers exactly its own run's messages.
+#[test]
+fn a_persistent_run_over_an_earlier_log_counts_only_its_own_messages() {
+    two_persistent_runs("again", "", |round, id, text, counter| {
+        let replayed = counter("replayed_msgs");
+        if round == 0 {
+            assert_eq!(replayed, 0, "a first run has no history:\n{text}");
+        } else {
+            // Everything the first run delivered is history now.
+            assert_eq!(replayed, 600, "member {id} replayed:\n{text}");
+            assert!(
+                text.contains(&format!("replayed {replayed} messages of earlier runs")),
+                "member {id} does not say it replayed history:\n{text}"
+            );
+        }
+    });
+}
+/// The same over logs compacted every 4 KiB: the second run restores
+/// each member's snapshot, then replays only the records after it.
 #[test]
 fn a_persistent_run_over_a_compacted_log_restores_its_snapshot_then_the_rest() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let group = unique_group("compact");
-    let config = write_group(
-        dir.path(),
-        &group,
-        2,
-        "membership = true\nmode = \"persistent\"\npersist_dir = \"logs-compact\"\ncompact_log_bytes = 4096",
-    );
-    let count = 300u64;
-    let args = ["--count", "300"];
-    for round in 0..2 {
-        let logs = dir.path().join(format!("delivery-{round}"));
-        let mut members: Vec<Member> = (0..2)
-            .map(|id| Member::start(&config, id, &logs, dir.path(), &args))
-            .collect();
-        for m in &mut members {
-            let code = m.wait();
-            assert_eq!(code, 0, "round {round}: member {} failed:\n{}", m.id, m.text());
-            let text = m.text();
+    two_persistent_runs("compact", "compact_log_bytes = 4096", |round, id, text, counter| {
+        let (compactions, restored, replayed) = (
+            counter("log_compactions"),
+            counter("snapshots_restored"),
+            counter("replayed_msgs"),
+        );
+        if round == 0 {
+            // 600 messages of 64 B and more are far beyond 4 KiB.
+            assert!(compactions > 0, "member {id} never compacted its log:\n{text}");
+            assert_eq!((restored, replayed), (0, 0), "a first run has no history:\n{text}");
+        } else {
+            // The history is the snapshot plus the records after it:
+            // fewer than the first run's 600 messages are replayed.
+            assert_eq!(restored, 1, "member {id} restored no snapshot:\n{text}");
+            assert!(replayed < 600, "member {id} replayed {replayed}:\n{text}");
             assert!(
-                text.contains(&format!("delivered {} messages", 2 * count)),
-                "round {round}: member {} must count this run's messages only:\n{text}",
-                m.id
+                text.contains("restored the snapshot its persistent log was compacted to"),
+                "member {id} does not say it restored a snapshot:\n{text}"
             );
-            let compactions = result_counter(dir.path(), m.id, "log_compactions");
-            let restored = result_counter(dir.path(), m.id, "snapshots_restored");
-            let replayed = result_counter(dir.path(), m.id, "replayed_msgs");
-            if round == 0 {
-                // 600 messages of 64 B and more are far beyond 4 KiB.
-                assert!(compactions > 0, "member {} never compacted its log:\n{text}", m.id);
-                assert_eq!((restored, replayed), (0, 0), "a first run has no history:\n{text}");
-            } else {
-                // The history is the snapshot plus the records after it:
-                // fewer than the first run's 600 messages are replayed.
-                assert_eq!(restored, 1, "member {} restored no snapshot:\n{text}", m.id);
-                assert!(replayed < 2 * count, "member {} replayed {replayed}:\n{text}", m.id);
-                assert!(
-                    text.contains("restored the snapshot its persistent log was compacted to"),
-                    "member {} does not say it restored a snapshot:\n{text}",
-                    m.id
-                );
-            }
         }
-        let (lines, _) = check_logs(&logs);
-        for member in 0..2 {
-            for sender in 0..2 {
-                assert_eq!(delivered_from(&lines, member, sender) as u64, count);
-            }
-        }
-    }
+    });
 }

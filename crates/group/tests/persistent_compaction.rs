@@ -18,10 +18,12 @@
 //!
 //! `SPINDLE_COMPACTION_ROUNDS` sets the process test's rounds (default 3).
 
+mod child_process;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use spindle_group::counters::{LOG_COMPACTIONS, SNAPSHOTS_RESTORED};
@@ -299,13 +301,7 @@ fn child(role: &str) {
 }
 
 fn spawn(role: String) -> Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "member_process", "--nocapture", "--test-threads=1"])
-        .env(ENV_ROLE, role)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn a member")
+    child_process::spawn_member(ENV_ROLE, role)
 }
 
 /// Not a test of its own: the body of a child process.

@@ -14,9 +14,11 @@
 //! `SPINDLE_CRASH_ROUNDS` sets the number of rounds (default 5; the
 //! measurement in bench/RESULTS.md ran 20).
 
+mod child_process;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use spindle_group::{Delivery, DeliveryMode, Group, GroupConfig, SendError};
@@ -127,13 +129,7 @@ fn child(role: &str) {
 }
 
 fn spawn(role: String) -> Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "member_process", "--nocapture", "--test-threads=1"])
-        .env(ENV_ROLE, role)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn a member")
+    child_process::spawn_member(ENV_ROLE, role)
 }
 
 /// Not a test of its own: the body of a child process.
