@@ -256,8 +256,9 @@ impl GroupConfig {
         }
         if self.compact_log_bytes != 0 && self.mode != DeliveryMode::Persistent {
             return bad(format!(
-                "compact_log_bytes = {}: only used with mode = persistent (mode is {:?})",
-                self.compact_log_bytes, self.mode
+                "compact_log_bytes = {}: only used with mode = \"persistent\" (mode is \"{}\")",
+                self.compact_log_bytes,
+                self.mode.as_str()
             ));
         }
         if self.compact_log_bytes != 0 && self.compact_log_bytes < defaults::COMPACT_LOG_BYTES_MIN {

@@ -678,8 +678,8 @@ impl<F: Fabric> GroupCore<F> {
     pub fn request_log_compaction(&mut self) -> Result<(), GroupError> {
         if self.mode != DeliveryMode::Persistent {
             return Err(GroupError::Config(format!(
-                "log compaction needs mode = persistent (mode is {:?})",
-                self.mode
+                "log compaction needs mode = \"persistent\" (mode is \"{}\")",
+                self.mode.as_str()
             )));
         }
         self.compaction_requested = true;

@@ -989,6 +989,34 @@ mod tests {
     }
 
     #[test]
+    fn compact_log_bytes_needs_persistent_mode_and_a_sane_size() {
+        let persistent = "mode = \"persistent\"\npersist_dir = \"logs\"";
+        let f = parse(
+            &GOOD.replace(
+                "window_slots = 256",
+                &format!("{persistent}\ncompact_log_bytes = 67108864"),
+            ),
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(f.compact_log_bytes, 64 << 20);
+        assert_eq!(f.group_config().expect("valid").compact_log_bytes, 64 << 20);
+        let off = parse(&GOOD.replace("window_slots = 256", persistent), &[]).expect("valid");
+        assert_eq!(off.compact_log_bytes, 0, "off by default");
+        let e = parse(&GOOD.replace("window_slots = 256", "compact_log_bytes = 67108864"), &[]).unwrap_err();
+        assert!(
+            e.contains("group.compact_log_bytes = 67108864: only used with mode = \"persistent\""),
+            "{e}"
+        );
+        let e = parse(
+            &GOOD.replace("window_slots = 256", &format!("{persistent}\ncompact_log_bytes = 100")),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("group.compact_log_bytes = 100 is below 4096"), "{e}");
+    }
+
+    #[test]
     fn persistent_mode_takes_a_log_directory_relative_to_the_file() {
         let f = parse(
             &GOOD.replace("window_slots = 256", "mode = \"persistent\"\npersist_dir = \"logs\""),
