@@ -147,6 +147,16 @@ struct Tally {
     /// Persistent runs whose plan compacts the logs; compactions checked.
     compacting_runs: u64,
     log_compactions: u64,
+    /// Persistent runs killed whole and restarted from their logs: the
+    /// messages delivered before each failure (every one checked to be in
+    /// every restarted member's history), the histories rebuilt, the
+    /// snapshots restored, the torn log tails dropped, the members left out.
+    restarts: u64,
+    restart_delivered_before: u64,
+    restart_history_messages: u64,
+    restart_snapshots_restored: u64,
+    restart_torn_tails_dropped: u64,
+    restart_members_excluded: u64,
     /// Subgroup layouts checked (member × view) and inadequate views.
     layouts_checked: u64,
     layouts_inadequate: u64,
@@ -169,6 +179,14 @@ impl Tally {
         self.large_cut += report.large_cut;
         self.compacting_runs += (report.plan.compact_log_bytes > 0) as u64;
         self.log_compactions += report.log_compactions;
+        if let Some(r) = &report.restart {
+            self.restarts += 1;
+            self.restart_delivered_before += r.delivered_before;
+            self.restart_history_messages += r.history_messages;
+            self.restart_snapshots_restored += r.snapshots_restored;
+            self.restart_torn_tails_dropped += r.torn_tails_dropped;
+            self.restart_members_excluded += r.excluded.len() as u64;
+        }
         self.layouts_checked += report.layouts_checked;
         self.layouts_inadequate += report.layouts_inadequate;
         if report.lost_members() > 0 {
@@ -221,6 +239,15 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         "persistent log compactions checked: {} in {} runs",
         tally.log_compactions, tally.compacting_runs
     );
+    println!(
+        "total failures (every member killed, restarted from its log): {} runs; {} messages delivered before them, \
+         each found in every restarted member's history; {} snapshots restored, {} torn log tails dropped, {} members left out",
+        tally.restarts,
+        tally.restart_delivered_before,
+        tally.restart_snapshots_restored,
+        tally.restart_torn_tails_dropped,
+        tally.restart_members_excluded
+    );
     println!("{} seeds, {} violations", tally.seeds, tally.failures.len());
     if !tally.failures.is_empty() {
         // The summary above must stay the last line: exit here rather than
@@ -261,6 +288,19 @@ fn print_outcome(report: &SimReport) {
         "seed {}: {} steps, {} sent, delivered {:?}, ends {:?}, trace digest {:016x}",
         report.spec.seed, report.steps_run, report.sent, report.delivered, report.ends, report.trace_digest
     );
+    if let Some(r) = &report.restart {
+        println!(
+            "  total failure at step {}: restarted in view {} with members {:?} ({} left out: {:?}); \
+             {} messages delivered before it, all in the rebuilt history of {} messages",
+            r.at_step,
+            r.first_view,
+            r.members,
+            r.excluded.len(),
+            r.excluded,
+            r.delivered_before,
+            r.history_messages
+        );
+    }
 }
 
 fn print_failure(report: &SimReport) {
@@ -305,6 +345,12 @@ fn write_json(path: &std::path::Path, args: &SimArgs, v: &Validated, t: &Tally, 
         "large_messages_cut_by_a_view_change": t.large_cut,
         "runs_compacting_their_logs": t.compacting_runs,
         "log_compactions_checked": t.log_compactions,
+        "total_failure_restarts": t.restarts,
+        "restart_messages_delivered_before": t.restart_delivered_before,
+        "restart_history_messages": t.restart_history_messages,
+        "restart_snapshots_restored": t.restart_snapshots_restored,
+        "restart_torn_tails_dropped": t.restart_torn_tails_dropped,
+        "restart_members_excluded": t.restart_members_excluded,
         "subgroup_layouts_checked": t.layouts_checked,
         "subgroup_views_inadequate": t.layouts_inadequate,
         "steps": t.steps,

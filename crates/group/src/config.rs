@@ -208,6 +208,15 @@ impl GroupConfig {
 
     /// Check every value; the error names the first bad one.
     pub fn validate(&self) -> Result<(), GroupError> {
+        self.validate_for(false)
+    }
+
+    /// [`GroupConfig::validate`] for the first view of a group restarted
+    /// after a total failure (`restarted`), whose members are those that
+    /// could rebuild the state: a view without a sender is allowed there,
+    /// as it is after a view change that removed the last sender (the
+    /// replicated state is still read, a sender may join again).
+    pub(crate) fn validate_for(&self, restarted: bool) -> Result<(), GroupError> {
         let bad = |m: String| Err(GroupError::Config(m));
         spindle_fabric::shm::validate_group_name(&self.name)?;
         if self.members == 0 || self.members > spindle_fabric::MEMBERS_MAX {
@@ -297,7 +306,7 @@ impl GroupConfig {
                     "initial_members: ranks {initial:?} must be ascending without repeats"
                 ));
             }
-            if !ranks.iter().any(|r| initial.contains(r)) {
+            if !ranks.iter().any(|r| initial.contains(r)) && !restarted {
                 return bad(format!(
                     "initial_members {initial:?}: none of them sends (senders = {ranks:?})"
                 ));

@@ -217,7 +217,7 @@ impl<F: Fabric> GroupCore<F> {
         joining: bool,
         first_view: u64,
     ) -> Result<GroupCore<F>, GroupError> {
-        config.validate()?;
+        config.validate_for(first_view > 0)?;
         if fabric.row_len_bytes() < layout.row.row_len_bytes() || fabric.member_count() != config.members {
             return Err(GroupError::Config(format!(
                 "fabric ({} members, {} B rows) does not fit the layout ({} members, {} B rows)",
@@ -632,6 +632,7 @@ impl<F: Fabric> GroupCore<F> {
                 replay.ranks.resize(m.sender_index + 1, 0);
             }
             replay.ranks[m.sender_index] = m.sender_rank;
+            self.large.grow(m.sender_index + 1);
             let d = Delivery {
                 view: m.view,
                 sender_rank: m.sender_rank,
@@ -651,6 +652,7 @@ impl<F: Fabric> GroupCore<F> {
             if let Some(view) = replay.view {
                 cut_partials(&mut self.large, &mut self.counters, up, view, &replay.ranks);
             }
+            self.large.resize(self.sender_ranks.len());
             self.replay = None;
         }
         Ok(handed as u32)

@@ -85,7 +85,7 @@ impl<F: Fabric> Group<F> {
         }
         let opened = open_log(&fabric, &config)?;
         wait_joined(fabric.as_ref(), &config, &initial)?;
-        let Some((mut log, recovered)) = opened else {
+        let Some((log, recovered)) = opened else {
             let core = GroupCore::new(fabric, &config, layout)?;
             return Ok(Group {
                 core,
@@ -95,7 +95,6 @@ impl<F: Fabric> Group<F> {
         };
         // Persistent mode: every start compares the members' logs (see
         // `crate::restart`); a group whose logs are all empty starts anew.
-        let rank = fabric.member_rank();
         let initial_mask = initial.iter().fold(0u64, |m, r| m | 1 << r);
         let summary = recovered.summary(initial_mask);
         let summaries = restart::exchange(fabric.as_ref(), &layout, &summary, &initial, config.join_timeout).map_err(
@@ -108,8 +107,35 @@ impl<F: Fabric> Group<F> {
                 e => e,
             },
         )?;
-        let plan = restart::plan(&summaries).map_err(|reason| GroupError::Persist { rank, reason })?;
+        let (group, restarted) = Group::start_from_log(fabric, config, log, &recovered, &summaries)?;
+        if let Some(line) = restarted {
+            tracing_line(&line);
+        }
+        Ok(group)
+    }
+
+    /// Start a persistent member from its log, once every configured
+    /// member's [`persist::LogSummary`] is known (`summaries`, by rank):
+    /// [`Group::join`] exchanges them over the fabric; the simulator,
+    /// which restarts every member of a group after a total failure in
+    /// one thread, hands them over itself. Returns the group and, after a
+    /// total failure, the line that says what this member restarted from
+    /// (`None`: every log was empty, a first start).
+    pub fn start_from_log(
+        fabric: Arc<F>,
+        config: GroupConfig,
+        mut log: PersistLog,
+        recovered: &persist::RecoveredLog,
+        summaries: &[(usize, persist::LogSummary)],
+    ) -> Result<(Group<F>, Option<String>), GroupError> {
+        config.validate()?;
+        let layout = SmcLayout::new(&config);
+        let rank = fabric.member_rank();
+        let initial_mask = config.initial_ranks().iter().fold(0u64, |m, r| m | 1 << r);
+        let summary = recovered.summary(initial_mask);
+        let plan = restart::plan(summaries).map_err(|reason| GroupError::Persist { rank, reason })?;
         let mut config = config;
+        let mut restarted = None;
         let mut core = match plan {
             None => GroupCore::new(fabric, &config, layout)?,
             Some(plan) => {
@@ -119,7 +145,7 @@ impl<F: Fabric> Group<F> {
                         reason: format!("restart after a total failure: member {rank} does not take part: {why}"),
                     });
                 }
-                let replay = restart::seal(&mut log, &recovered, &summary, &plan)
+                let replay = restart::seal(&mut log, recovered, &summary, &plan)
                     .map_err(|reason| GroupError::Persist { rank, reason })?;
                 let from_snapshot = match &replay.snapshot {
                     Some(s) => format!(
@@ -130,7 +156,7 @@ impl<F: Fabric> Group<F> {
                     ),
                     None => String::new(),
                 };
-                tracing_line(&format!(
+                restarted = Some(format!(
                     "spindle: member {rank}: restarted from its log: {from_snapshot}{} messages of views up to {} (view {} cut at seq {}); \
                      the group goes on in view {} with members {:?}",
                     replay.messages.len(),
@@ -147,11 +173,14 @@ impl<F: Fabric> Group<F> {
             }
         };
         core.attach_log(log);
-        Ok(Group {
-            core,
-            idler: Idler::new(config.idle),
-            config,
-        })
+        Ok((
+            Group {
+                core,
+                idler: Idler::new(config.idle),
+                config,
+            },
+            restarted,
+        ))
     }
 
     /// [`Group::join`] with a log of the caller's (persistent mode): the

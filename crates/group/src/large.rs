@@ -196,6 +196,15 @@ impl Reassembly {
     }
 
     /// Size for a view's senders (after [`Reassembly::drop_partials`]).
+    /// Room for `senders` senders at least, keeping every partial (a
+    /// restart's replay: its history's views may have had more senders
+    /// than the restarted group has).
+    pub fn grow(&mut self, senders: usize) {
+        if self.partials.len() < senders {
+            self.partials.resize_with(senders, Partial::default);
+        }
+    }
+
     pub fn resize(&mut self, senders: usize) {
         debug_assert!(
             self.partials.iter().all(|p| !p.active),

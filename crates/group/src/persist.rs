@@ -914,6 +914,22 @@ impl PersistLog {
         })
     }
 
+    /// A log in memory that goes on from a log read back (the simulator's
+    /// restart after a total failure): its valid records, all durable (a
+    /// dropped tail is gone, as [`PersistLog::open`] cuts it off a file).
+    pub fn memory_recovered(recovered: &RecoveredLog) -> PersistLog {
+        // `bytes` is the header and the valid records (a compacted memory
+        // log holds its snapshot record at its head, among them).
+        let appended = recovered.bytes.get(FILE_HEADER_BYTES..).unwrap_or(&[]).to_vec();
+        PersistLog::with_backend(Backend::Memory {
+            durable_bytes: appended.len(),
+            appended,
+            frontier: Frontier::default(),
+            durable: Frontier::default(),
+            compactions_done: 0,
+        })
+    }
+
     fn with_backend(backend: Backend) -> PersistLog {
         PersistLog {
             backend,
@@ -1181,6 +1197,15 @@ impl PersistLog {
                 durable_bytes,
                 ..
             } => &appended[..*durable_bytes],
+            Backend::File { .. } => &[],
+        }
+    }
+
+    /// Simulator: every byte committed, durable or not (what a crash
+    /// could leave written past the durable bytes, in part: a torn tail).
+    pub fn sim_written_bytes(&self) -> &[u8] {
+        match &self.backend {
+            Backend::Memory { appended, .. } => appended,
             Backend::File { .. } => &[],
         }
     }

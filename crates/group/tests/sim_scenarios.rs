@@ -360,3 +360,52 @@ fn subgroup_layouts_are_checked_across_a_crash_and_a_join() {
     let e = simulation::check_subgroup_layouts(&specs, &logs).unwrap_err();
     assert!(e.contains("layout agreement: member 3"), "{e}");
 }
+
+/// A total failure after a sender crashed and was removed: the sender's
+/// large messages of the views before are in the history the survivors
+/// replay, though the restarted group has one sender fewer (its
+/// reassembly is sized for the history's senders while it replays); the
+/// crashed member is left out with the reason, and the restarted group
+/// goes on delivering.
+#[test]
+fn a_total_failure_after_a_sender_was_removed_restarts_from_the_logs() {
+    let (mut restarted, mut removed, mut went_on, mut replayed) = (0, 0, 0, 0);
+    for seed in 0..30 {
+        let (spec, mut plan) = plan(seed, 3);
+        plan.mode = DeliveryMode::Persistent;
+        plan.sync_per_mille = 600;
+        plan.slot_payload_max = 64;
+        plan.large_per_mille = 300;
+        plan.crash = Some(CrashPlan {
+            rank: 2,
+            trigger: CrashTrigger::AtStep(60),
+        });
+        plan.restart_at = Some(260);
+        let r = ok(simulation::run_plan(&spec, plan));
+        let t = r.restart.as_ref().expect("the plan restarts");
+        if t.first_view == 0 {
+            continue; // the logs were empty: a first start
+        }
+        restarted += 1;
+        replayed += t.history_messages;
+        if t.members == [0, 1] {
+            // Removed before the failure, or crashed before its log held
+            // anything: either way it cannot rebuild the state.
+            assert_eq!(t.excluded.len(), 1, "{t:?}");
+            assert_eq!(t.excluded[0].0, 2, "{t:?}");
+            removed += t.excluded[0].1.contains("without it") as u64;
+            assert!(matches!(&r.ends[2], MemberEnd::Stopped(why) if why.contains("not restarted")));
+            went_on += r.logs[&0].iter().any(|e| e.view >= t.first_view) as u64;
+        }
+    }
+    assert!(restarted > 20, "only {restarted} restarts with a history");
+    assert!(
+        removed > 10,
+        "only {removed} restarts after the crashed sender was removed"
+    );
+    assert!(
+        went_on > 10,
+        "only {went_on} restarted groups without the crashed sender went on"
+    );
+    assert!(replayed > 1000, "only {replayed} messages replayed");
+}

@@ -15,6 +15,10 @@
 //!       a member lost → every other member stopped with MemberGone
 //! ```
 //!
+//! A persistent plan may draw a total failure (`restart_at`): every
+//! member is killed at once and restarted from its log, and the restart
+//! is checked (see [`RestartReport`] and `simulation/restart.rs`).
+//!
 //! Membership is on: a crash, a stalled member or a partition that
 //! outlasts the suspicion timeout makes the survivors install a new view
 //! (a minority side stops with `MinorityPartition`, a member the others
@@ -44,6 +48,10 @@ use crate::layout::SmcLayout;
 use crate::persist::PersistLog;
 use crate::sender::{LargeSend, SendSlot, Sender};
 use crate::{DeliveryMode, Group, GroupAgent, GroupConfig, GroupError, SendError, SenderSet};
+
+mod restart;
+pub use restart::RestartReport;
+use restart::Restarted;
 
 /// Which faults a run may draw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,6 +237,16 @@ pub struct SimPlan {
     /// Subgroups the members are laid out into at every view (drawn from
     /// their own stream; see [`check_subgroup_layouts`]).
     pub subgroups: Vec<crate::subgroup::SubgroupSpec>,
+    /// Persistent mode: the step at whose start every member is killed
+    /// at once (SIGKILL, or a power cut: what a log had not synced is
+    /// lost, a torn part of it may be left) and restarted from its log.
+    /// Drawn for half the persistent plans, from its own stream.
+    pub restart_at: Option<u64>,
+    /// Sabotage for the restart's checks: at the total failure every
+    /// disk loses the last quarter of what it had synced (a disk that
+    /// acknowledged an fdatasync it did not do). Never drawn: tests pin
+    /// it to show the checks catch the loss.
+    pub restart_disk_lies: bool,
 }
 
 const PLAN_STREAM: u64 = 0x504C_414E;
@@ -243,6 +261,8 @@ const COMPACT_STREAM: u64 = 0x434D_5054;
 const LARGE_STREAM: u64 = 0x4C52_4745;
 /// Subgroup layouts' draws (their own stream, like the above).
 const SUBGROUP_STREAM: u64 = 0x5347_5250;
+/// A total failure's draws (when; each disk's torn tail; the new world).
+const RESTART_STREAM: u64 = 0x5253_5452;
 
 impl SimPlan {
     /// Draw a plan from the seed (independent of everything but the spec).
@@ -307,6 +327,8 @@ impl SimPlan {
             compact_log_bytes: 0,
             large_per_mille: 0,
             subgroups: Vec::new(),
+            restart_at: None,
+            restart_disk_lies: false,
         };
         // One ordered plan in three is persistent; the draw comes from its
         // own stream, after everything else.
@@ -320,6 +342,10 @@ impl SimPlan {
                     crate::config::defaults::COMPACT_LOG_BYTES_MIN,
                     4 * crate::config::defaults::COMPACT_LOG_BYTES_MIN,
                 );
+            }
+            let mut restart_rng = SimRng::new(spec.seed).fork(RESTART_STREAM);
+            if restart_rng.chance(500) {
+                plan.restart_at = Some(restart_rng.range(1, spec.steps.max(1)));
             }
         }
         let mut large_rng = SimRng::new(spec.seed).fork(LARGE_STREAM);
@@ -421,7 +447,7 @@ impl SimPlan {
         format!(
             "senders={} mode={} window_slots={} slot_payload_max={} batching={} send={}‰ burst≤{} abandon={}‰ reserve_batch={} tick≤{}ns \
              delay≤{}ns split≤{} slow_links={:?} speed‰={:?} detect_timeout={}ns suspect_timeout={}ns crash={:?} \
-             partition={:?} joiner={:?} leaver={:?} pause={:?} large={}‰ subgroups={:?} compact_log_bytes={}",
+             partition={:?} joiner={:?} leaver={:?} pause={:?} large={}‰ subgroups={:?} compact_log_bytes={} restart_at={:?}",
             self.senders.as_str(),
             self.mode.as_str(),
             self.window_slots,
@@ -448,7 +474,8 @@ impl SimPlan {
                 .iter()
                 .map(|g| format!("{}:{}x{}{}", g.name, g.shards, g.members_per_shard, if g.overlapping { "+" } else { "" }))
                 .collect::<Vec<_>>(),
-            self.compact_log_bytes
+            self.compact_log_bytes,
+            self.restart_at
         )
     }
 }
@@ -489,7 +516,10 @@ pub struct SimReport {
     /// A digest of every event of the run: equal digests, equal runs.
     pub trace_digest: u64,
     pub events: u64,
-    /// Every member's deliveries, as delivery-log lines.
+    /// Every member's deliveries, as delivery-log lines. After a total
+    /// failure, a restarted member's log is the history its state holds:
+    /// what it delivered before its snapshot's position, the history it
+    /// was replayed, then what it delivered in the restarted group.
     pub logs: Logs,
     /// Every member's installed views, in order.
     pub view_logs: ViewLogs,
@@ -503,6 +533,8 @@ pub struct SimReport {
     /// views too small for the drawn subgroups (inadequate).
     pub layouts_checked: u64,
     pub layouts_inadequate: u64,
+    /// The total failure and restart, as checked (see `restart_at`).
+    pub restart: Option<RestartReport>,
 }
 
 impl SimReport {
@@ -537,6 +569,7 @@ pub fn run_plan(spec: &SimSpec, plan: SimPlan) -> SimReport {
         log_compactions: 0,
         layouts_checked: 0,
         layouts_inadequate: 0,
+        restart: None,
     };
     let mut cluster = match Cluster::new(spec, plan) {
         Ok(c) => c,
@@ -567,8 +600,11 @@ pub fn run_plan(spec: &SimSpec, plan: SimPlan) -> SimReport {
         }
     };
     report.steps_run = cluster.step;
-    report.sent = cluster.sent.iter().sum();
-    report.delivered = (0..spec.members).map(|m| cluster.checker.delivered_by(m)).collect();
+    let before = cluster.restart.as_ref().map(|r| r.totals_before.clone());
+    report.sent = cluster.sent.iter().sum::<u64>() + before.as_ref().map_or(0, |t| t.sent);
+    report.delivered = (0..spec.members)
+        .map(|m| cluster.checker.delivered_by(m) + before.as_ref().map_or(0, |t| t.delivered[m]))
+        .collect();
     report.ends = cluster.ends.clone();
     report.failure = failure;
     report.trace = cluster.world.trace().iter().map(|e| e.to_string()).collect();
@@ -576,9 +612,12 @@ pub fn run_plan(spec: &SimSpec, plan: SimPlan) -> SimReport {
     report.events = cluster.world.events();
     report.logs = std::mem::take(&mut cluster.logs);
     report.view_logs = std::mem::take(&mut cluster.view_logs);
-    report.large_sent = cluster.large_sent_ids.iter().map(|ids| ids.len() as u64).sum();
-    report.large_cut = cluster.cut_sent.iter().sum();
-    report.log_compactions = cluster.compactions_checked.iter().sum();
+    report.large_sent = cluster.large_sent_ids.iter().map(|ids| ids.len() as u64).sum::<u64>()
+        + before.as_ref().map_or(0, |t| t.large_sent);
+    report.large_cut = cluster.cut_sent.iter().sum::<u64>() + before.as_ref().map_or(0, |t| t.large_cut);
+    report.log_compactions =
+        cluster.compactions_checked.iter().sum::<u64>() + before.as_ref().map_or(0, |t| t.log_compactions);
+    report.restart = cluster.restart.as_ref().map(|r| r.report.clone());
     if report.failure.is_none() {
         match check_subgroup_layouts(&report.plan.subgroups, &report.view_logs) {
             Ok((checked, inadequate)) => {
@@ -733,6 +772,10 @@ struct SimApp {
     inbox: Inbox,
     own_cuts: OwnCuts,
     delivered: u64,
+    /// After a restart, the restarted group's first view: the cuts of
+    /// views before it are part of the replayed history (the app counts
+    /// no message of its own as cut there: those are another epoch's).
+    history_below_view: u64,
 }
 
 impl crate::Upcalls for SimApp {
@@ -748,8 +791,8 @@ impl crate::Upcalls for SimApp {
             xxh3: xxhash_rust::xxh3::xxh3_64(d.payload),
         });
     }
-    fn large_message_cut(&mut self, _view: u64, sender_rank: usize, message_id: u64, _len_bytes: u64) {
-        if sender_rank == self.rank {
+    fn large_message_cut(&mut self, view: u64, sender_rank: usize, message_id: u64, _len_bytes: u64) {
+        if sender_rank == self.rank && view >= self.history_below_view {
             self.own_cuts.lock().expect("own cuts").push(message_id);
         }
     }
@@ -757,10 +800,19 @@ impl crate::Upcalls for SimApp {
         out.extend_from_slice(&self.delivered.to_le_bytes());
     }
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        if snapshot.is_empty() || snapshot.len() == 8 {
-            Ok(())
-        } else {
-            Err(format!("a simulated member's state is 8 bytes, not {}", snapshot.len()))
+        match snapshot.len() {
+            0 => Ok(()),
+            8 => {
+                // A restarted member's log snapshot holds its count (its
+                // history before the snapshot is in its log: see
+                // `total_failure`); a joiner's state transfer does not
+                // change its count (it counts from its join).
+                if self.history_below_view > 0 {
+                    self.delivered = u64::from_le_bytes(snapshot.try_into().expect("8 bytes"));
+                }
+                Ok(())
+            }
+            n => Err(format!("a simulated member's state is 8 bytes, not {n}")),
         }
     }
     fn takes_snapshots(&self) -> bool {
@@ -805,6 +857,13 @@ struct Cluster {
     /// The member whose step is running (for a panic report).
     stepping: Option<usize>,
     faults_injected: bool,
+    /// A total failure's draws (see [`SimPlan::restart_at`]).
+    restart_rng: SimRng,
+    /// Per member that left the group, its log as it left it (what its
+    /// disk holds at a total failure).
+    left_disks: Vec<Option<Vec<u8>>>,
+    /// After the total failure: what the restart is checked against.
+    restart: Option<Restarted>,
 }
 
 impl Cluster {
@@ -835,16 +894,7 @@ impl Cluster {
         let config = Self::config(spec, &plan)?;
         let layout = SmcLayout::new(&config);
         let mut root = SimRng::new(spec.seed);
-        let mut options = SimOptions::new(n, layout.row.row_len_bytes(), root.fork(WORLD_STREAM).next_u64());
-        options.delay_ns_max = plan.delay_ns_max;
-        options.split_chunks_max = plan.split_chunks_max;
-        options.detect_timeout_ns = plan.detect_timeout_ns;
-        options.trace_events_max = spec.trace_events_max;
-        options.sabotage = spec.sabotage;
-        let world = SimWorld::new(options).map_err(|e| e.to_string())?;
-        for &(src, dst, delay) in &plan.slow_links {
-            world.set_link_delay(src, dst, delay);
-        }
+        let world = Self::open_world(spec, &plan, &layout, root.fork(WORLD_STREAM).next_u64())?;
         let initial = config.initial_ranks();
         let fabrics: Vec<Arc<SimFabric>> = initial
             .iter()
@@ -909,17 +959,46 @@ impl Cluster {
                 || plan.partition.is_some()
                 || plan.pause.is_some()
                 || spec.sabotage.is_some(),
+            restart_rng: SimRng::new(spec.seed).fork(RESTART_STREAM).fork(WORKLOAD_STREAM),
+            left_disks: vec![None; n],
+            restart: None,
             plan,
         })
     }
 
+    /// The simulated network and shared memory of the plan's members.
+    fn open_world(spec: &SimSpec, plan: &SimPlan, layout: &SmcLayout, seed: u64) -> Result<SimWorld, String> {
+        let mut options = SimOptions::new(spec.members, layout.row.row_len_bytes(), seed);
+        options.delay_ns_max = plan.delay_ns_max;
+        options.split_chunks_max = plan.split_chunks_max;
+        options.detect_timeout_ns = plan.detect_timeout_ns;
+        options.trace_events_max = spec.trace_events_max;
+        options.sabotage = spec.sabotage;
+        let world = SimWorld::new(options).map_err(|e| e.to_string())?;
+        for &(src, dst, delay) in &plan.slow_links {
+            world.set_link_delay(src, dst, delay);
+        }
+        Ok(world)
+    }
+
     /// A member's group with a delivery handler that fills its inbox.
     fn agent(group: Group<SimFabric>, inbox: &Inbox, own_cuts: &OwnCuts) -> GroupAgent<SimFabric> {
+        Self::agent_after(group, inbox, own_cuts, 0)
+    }
+
+    /// [`Cluster::agent`] for a member restarted into view `first_view`.
+    fn agent_after(
+        group: Group<SimFabric>,
+        inbox: &Inbox,
+        own_cuts: &OwnCuts,
+        first_view: u64,
+    ) -> GroupAgent<SimFabric> {
         let app = SimApp {
             rank: group.my_rank(),
             inbox: Arc::clone(inbox),
             own_cuts: Arc::clone(own_cuts),
             delivered: 0,
+            history_below_view: first_view,
         };
         GroupAgent::new(group, app)
     }
@@ -941,6 +1020,12 @@ impl Cluster {
         let total = self.spec.steps + self.plan.drain_steps_max;
         let mut order: Vec<usize> = (0..n).collect();
         while self.step < total {
+            if self.plan.restart_at == Some(self.step)
+                && self.plan.mode == DeliveryMode::Persistent
+                && self.restart.is_none()
+            {
+                self.total_failure()?;
+            }
             let sending = self.step < self.spec.steps;
             let tick = if sending {
                 self.plan.tick_ns_max
@@ -1233,6 +1318,7 @@ impl Cluster {
             self.ends[m] = MemberEnd::Crashed;
         }
         self.check_deliveries(m)?;
+        self.check_replay_done(m).map_err(|v| self.fail(v))?;
         self.check_compacted(m).map_err(|v| self.fail(v))?;
         self.take_own_cuts(m);
         self.check_view(m)?;
@@ -1246,6 +1332,11 @@ impl Cluster {
                         text: format!("member {m} left"),
                     });
                     self.ends[m] = MemberEnd::Left;
+                    // Its disk keeps the log (a total failure reads it).
+                    self.left_disks[m] = self.agents[m]
+                        .as_ref()
+                        .and_then(|a| a.group.core().persist_log())
+                        .map(|l| l.sim_durable_bytes().to_vec());
                     // Dropping the fabric is the clean leave.
                     self.agents[m] = None;
                     self.senders[m] = None;
@@ -1370,6 +1461,13 @@ impl Cluster {
     fn check_deliveries(&mut self, m: usize) -> Result<(), SimFailure> {
         let batch = std::mem::take(&mut *self.inboxes[m].lock().expect("inbox"));
         for d in batch {
+            if let Some(r) = self.restart.as_ref().filter(|r| d.view < r.report.first_view) {
+                // The history a restarted member is replayed: checked
+                // against what was sent and delivered before the failure.
+                r.check_replayed(&d).map_err(|v| self.fail(v))?;
+                self.logs.get_mut(&m).expect("log").push(d.to_log_entry());
+                continue;
+            }
             self.checker.check(&d).map_err(|v| self.fail(v))?;
             if self.plan.mode == DeliveryMode::Persistent {
                 self.check_persisted(m, d.view, d.seq).map_err(|v| self.fail(v))?;
@@ -1416,6 +1514,9 @@ impl Cluster {
         let Some(&first) = members.first() else {
             return Ok(());
         };
+        if let Some(m) = members.iter().find(|m| self.group(**m).core().is_replaying()) {
+            return Err(format!("member {m} is still replaying the history it restarted from"));
+        }
         let view = self.group(first).view();
         let mut published = Vec::new();
         for &m in &members {
@@ -1483,7 +1584,12 @@ impl Cluster {
                 .iter()
                 .filter(|s| self.senders[**s].is_some() && Some(**s) != joiner)
             {
-                let delivered = self.logs[&m].iter().filter(|e| e.sender == s).count() as u64;
+                // After a restart: what it delivered in the restarted group.
+                let first_view = self.restart.as_ref().map_or(0, |r| r.report.first_view);
+                let delivered = self.logs[&m]
+                    .iter()
+                    .filter(|e| e.sender == s && e.view >= first_view)
+                    .count() as u64;
                 if delivered != self.sent[s] - self.cut_sent[s] {
                     return Err(format!(
                         "no loss: member {m} delivered {delivered} of the {} messages of sender {s}, which stayed",
@@ -1539,6 +1645,9 @@ impl Cluster {
                 .map(|m| (m, self.sent[m]))
                 .collect()
         });
+        if let Some(r) = &self.restart {
+            r.check_all_replayed(&self.ends).map_err(|v| self.fail(v))?;
+        }
         if let Err(mut v) = self.checker.finish(expected.as_ref()) {
             if v.property == super::no_gaps::PROPERTY {
                 v.detail = format!(
