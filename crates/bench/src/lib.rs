@@ -36,6 +36,7 @@ pub mod multicast;
 pub mod payload;
 pub mod persist_demo;
 pub mod plot;
+pub mod query;
 pub mod replica;
 #[cfg(feature = "ofi")]
 pub mod replica_msg;
@@ -66,6 +67,10 @@ pub enum BenchCommand {
     /// Membership: time from a member's failure to the new view at every
     /// survivor, and throughput right after.
     Failover(failover::FailoverArgs),
+    /// Point-to-point queries: the round trip of a read sent to one
+    /// replica of another shard (4 member threads on shared memory, 2
+    /// shards of 2), next to a cache line's round trip in the same run.
+    Query(query::QueryArgs),
 }
 
 /// Run a `spindle bench` command.
@@ -74,6 +79,7 @@ pub fn bench(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Multicast(args) => multicast::run(args),
         BenchCommand::Replica(args) => replica::run(args),
         BenchCommand::Failover(args) => failover::bench(args),
+        BenchCommand::Query(args) => query::run(args),
     }
 }
 

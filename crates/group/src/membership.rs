@@ -91,6 +91,14 @@ pub trait Upcalls {
     fn takes_snapshots(&self) -> bool {
         false
     }
+    /// Answer a point-to-point query from another member (a read sent
+    /// to this replica: see [`crate::query`]): fill `reply` from this
+    /// member's state (at most [`crate::query::QUERY_PAYLOAD_BYTES_MAX`]
+    /// bytes), or say why not. It runs between deliveries, on the thread
+    /// that polls. The default answers none.
+    fn query(&mut self, _request: &[u8], _reply: &mut Vec<u8>) -> Result<(), String> {
+        Err("this member's application answers no queries (it does not implement Upcalls::query)".into())
+    }
 }
 
 /// A delivery closure is the [`Upcalls`] of a group that only delivers

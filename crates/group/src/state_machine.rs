@@ -47,6 +47,12 @@ pub trait StateMachine {
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
     /// A view was installed (after the old view's last delivery).
     fn view_installed(&mut self, _view: &View) {}
+    /// Answer a read from another member (a point-to-point query, see
+    /// [`crate::query`]) from the state as it is: it sees every message
+    /// this member applied so far. The default answers none.
+    fn query(&self, _request: &[u8], _reply: &mut Vec<u8>) -> Result<(), String> {
+        Err("this state machine answers no queries (it does not implement StateMachine::query)".into())
+    }
 }
 
 /// A [`StateMachine`] as the [`Upcalls`] of a group: pass it to
@@ -87,5 +93,8 @@ impl<S: StateMachine> Upcalls for Replicated<S> {
     }
     fn takes_snapshots(&self) -> bool {
         true
+    }
+    fn query(&mut self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), String> {
+        self.state.query(request, reply)
     }
 }

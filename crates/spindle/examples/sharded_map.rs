@@ -8,11 +8,15 @@
 //! the same way) joins its shard's group with `join_sharded`. A key lives
 //! on shard `shard_of_key(key)` only: each member puts the keys of its own
 //! shard by multicasting `key=value` in that shard, whose two members apply
-//! them in the same order. At the end each member prints its shard, its key
-//! count and a digest of its map: the two members of a shard hold the same
-//! map, the two shards hold disjoint halves of the keys.
+//! them in the same order. Then each member reads a key of the *other*
+//! shard with a point-to-point query to one of that shard's members
+//! (`Sharded::query`, answered by its `StateMachine::query`). At the end
+//! each member prints its shard, its key count and a digest of its map: the
+//! two members of a shard hold the same map, the two shards hold disjoint
+//! halves of the keys.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use spindle::{Group, Replicated, SubgroupSpec};
@@ -23,6 +27,10 @@ const KEYS: usize = 2_000;
 mod common;
 use common::{digest, Map};
 
+/// Members that have made their queries (each keeps answering until all
+/// have: a member that finishes answers no more).
+static QUERIED: AtomicUsize = AtomicUsize::new(0);
+
 /// What a member ends with: (its rank, its shard, the shard's keys).
 type Outcome = (usize, usize, BTreeMap<String, String>);
 
@@ -31,6 +39,7 @@ fn member(name: &str, rank: usize) -> Result<Outcome, spindle::Error> {
         .members(MEMBERS)
         .rank(rank)
         .subgroup(SubgroupSpec::new("kv", 2, 2))
+        .queries(true)
         .join_sharded(|_subgroup, _shard| Replicated::new(Map::default()))?;
     let shard = sharded.my_shard("kv").expect("every member is in a kv shard");
     let shard_rank = sharded.shards()[0]
@@ -57,6 +66,27 @@ fn member(name: &str, rank: usize) -> Result<Outcome, spindle::Error> {
     sharded.run_until(Duration::from_secs(30), |s| {
         s.shards()[0].group.app().state.done.len() == 2
     })?;
+    // Read a key of the other shard from one of its members (the one at
+    // this member's shard rank). Its shard may still be putting: a key
+    // not there yet is refused, so ask again.
+    let other = 1 - shard;
+    let key = (0..KEYS)
+        .map(|i| format!("user{i}"))
+        .find(|k| sharded.shard_of_key("kv", k.as_bytes()).ok() == Some(other))
+        .expect("some key lives on the other shard");
+    let asked = sharded.shard_members("kv", other)?[shard_rank];
+    let value = loop {
+        match sharded.query("kv", other, asked, key.as_bytes(), Duration::from_secs(30)) {
+            Ok(value) => break String::from_utf8_lossy(&value).into_owned(),
+            Err(spindle::Error::Query(spindle::QueryError::Refused { .. })) => {
+                sharded.poll()?;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    println!("member {rank}: read {key} = {value:?} from member {asked} of kv shard {other}");
+    QUERIED.fetch_add(1, Ordering::SeqCst);
+    sharded.run_until(Duration::from_secs(30), |_| QUERIED.load(Ordering::SeqCst) == MEMBERS)?;
     let map = sharded.finish_together(Duration::from_secs(30))?.remove(0).state;
     println!(
         "member {rank}: kv shard {shard} (rank {shard_rank} of 2), put {} keys, holds {} keys, digest {:016x}",

@@ -43,6 +43,10 @@ pub struct GroupBuilder<A = Callbacks> {
     pub(crate) subgroups: Vec<SubgroupSpec>,
     /// The layout function (default: `StickyLayout`).
     pub(crate) layout_function: Option<Box<dyn LayoutFunction>>,
+    /// Open the point-to-point query channel (`join_sharded`).
+    pub(crate) queries: bool,
+    /// On tcp: the query channel's address of every member.
+    pub(crate) query_addresses: Option<Vec<std::net::SocketAddr>>,
 }
 
 impl GroupBuilder<Callbacks> {
@@ -64,6 +68,8 @@ impl GroupBuilder<Callbacks> {
             app: Callbacks::default(),
             subgroups: Vec::new(),
             layout_function: None,
+            queries: false,
+            query_addresses: None,
         }
     }
 
@@ -99,6 +105,8 @@ impl GroupBuilder<Callbacks> {
             app,
             subgroups: self.subgroups,
             layout_function: self.layout_function,
+            queries: self.queries,
+            query_addresses: self.query_addresses,
         }
     }
 }

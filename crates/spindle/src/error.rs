@@ -36,6 +36,9 @@ pub enum Error {
     /// The key-value service failed.
     #[error(transparent)]
     Kv(#[from] crate::kv::KvError),
+    /// A point-to-point query failed (refused, too long, its member gone).
+    #[error(transparent)]
+    Query(#[from] spindle_group::QueryError),
     /// The progress thread stopped with an error, or panicked.
     #[error("the progress thread stopped: {0}")]
     Thread(String),

@@ -15,6 +15,8 @@ use crate::Error;
 pub type DeliverFn = Box<dyn FnMut(&Delivery<'_>) + Send>;
 /// A view-change closure, boxed.
 pub type ViewChangeFn = Box<dyn FnMut(&View) + Send>;
+/// A query-answering closure, boxed (see [`Callbacks::with_query`]).
+pub type QueryFn = Box<dyn FnMut(&[u8], &mut Vec<u8>) -> Result<(), String> + Send>;
 
 /// The application a builder makes from `on_deliver` / `on_view_change`
 /// (either may be absent: a member that only sends).
@@ -22,6 +24,7 @@ pub type ViewChangeFn = Box<dyn FnMut(&View) + Send>;
 pub struct Callbacks {
     pub(crate) deliver: Option<DeliverFn>,
     pub(crate) view_change: Option<ViewChangeFn>,
+    pub(crate) query: Option<QueryFn>,
 }
 
 impl Callbacks {
@@ -31,7 +34,19 @@ impl Callbacks {
         Callbacks {
             deliver: Some(Box::new(f)),
             view_change: None,
+            query: None,
         }
+    }
+
+    /// Also answer point-to-point queries from other members with `f`
+    /// (`f(request, reply)` fills `reply`, or says why it does not
+    /// answer; see [`crate::Sharded::query`]).
+    pub fn with_query(
+        mut self,
+        f: impl FnMut(&[u8], &mut Vec<u8>) -> Result<(), String> + Send + 'static,
+    ) -> Callbacks {
+        self.query = Some(Box::new(f));
+        self
     }
 
     /// Also call `f` with every view installed.
@@ -51,6 +66,12 @@ impl Upcalls for Callbacks {
     fn view_installed(&mut self, view: &View) {
         if let Some(f) = &mut self.view_change {
             f(view)
+        }
+    }
+    fn query(&mut self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), String> {
+        match &mut self.query {
+            Some(f) => f(request, reply),
+            None => Err("this member answers no queries (its Callbacks have no with_query)".into()),
         }
     }
 }

@@ -30,9 +30,11 @@ use std::time::Duration;
 use spindle_group::subgroup::{self, Layout, LayoutFunction, StickyLayout, SubgroupSpec};
 use spindle_group::Upcalls;
 
+use spindle_group::{QueryChannel, QueryError, QueryTarget};
+
 use crate::builder::GroupBuilder;
 use crate::group::Group;
-use crate::transport::Transport;
+use crate::transport::{AnyFabric, Transport};
 use crate::Error;
 
 /// One shard this member is in, and the group that carries it.
@@ -57,6 +59,8 @@ pub struct Sharded<U> {
     specs: Vec<SubgroupSpec>,
     layout: Layout,
     shards: Vec<Shard<U>>,
+    /// The point-to-point query channel ([`GroupBuilder::queries`]).
+    queries: Option<QueryChannel<AnyFabric>>,
 }
 
 impl<A: Upcalls> GroupBuilder<A> {
@@ -64,6 +68,26 @@ impl<A: Upcalls> GroupBuilder<A> {
     /// the subgroups are added; see [`spindle_group::subgroup`]).
     pub fn subgroup(mut self, spec: SubgroupSpec) -> Self {
         self.subgroups.push(spec);
+        self
+    }
+
+    /// Open the point-to-point query channel too: any member can then
+    /// ask one member of any shard a read and get its reply
+    /// ([`Sharded::query`]), answered by that shard's application
+    /// ([`Upcalls::query`], [`crate::Callbacks::with_query`],
+    /// `StateMachine::query`). On shared memory it is the region
+    /// `{group}.p2p`; on tcp it needs [`GroupBuilder::query_addresses`].
+    /// Every member must turn it on (`join_sharded` waits for all).
+    pub fn queries(mut self, on: bool) -> Self {
+        self.queries = on;
+        self
+    }
+
+    /// On tcp (and ofi): the address each member's query channel listens
+    /// on, by rank (not the members' own addresses, which carry their
+    /// shards' groups).
+    pub fn query_addresses(mut self, addresses: Vec<std::net::SocketAddr>) -> Self {
+        self.query_addresses = Some(addresses);
         self
     }
 
@@ -188,12 +212,37 @@ impl<A: Upcalls> GroupBuilder<A> {
                 group,
             });
         }
+        let queries = if self.queries {
+            let name = format!("{}.p2p", self.config.name);
+            spindle_fabric::shm::validate_group_name(&name).map_err(|e| {
+                Error::Config(format!(
+                    "queries: the query channel's name {name} is not a valid group name: {e}"
+                ))
+            })?;
+            let fabric = crate::transport::open_query_fabric(
+                &self.transport,
+                &name,
+                members,
+                self.rank,
+                self.query_addresses.as_deref(),
+                self.config.join_timeout,
+            )?;
+            Some(QueryChannel::new(std::sync::Arc::new(fabric))?)
+        } else {
+            if self.query_addresses.is_some() {
+                return Err(Error::Config(
+                    "query_addresses is set but queries are off (GroupBuilder::queries(true))".into(),
+                ));
+            }
+            None
+        };
         Ok(Sharded {
             name: self.config.name.clone(),
             rank: self.rank,
             specs: self.subgroups,
             layout,
             shards,
+            queries,
         })
     }
 }
@@ -294,13 +343,132 @@ impl<U: Upcalls + Send> Sharded<U> {
         shard.group.send(payload)
     }
 
-    /// One progress pass over every shard; returns the work done.
+    /// One progress pass over every shard, and the queries that arrived
+    /// answered; returns the work done.
     pub fn poll(&mut self) -> Result<u32, Error> {
         let mut work = 0;
         for shard in &mut self.shards {
             work += shard.group.poll()?;
         }
+        if let Some(channel) = &mut self.queries {
+            let (me, shards, layout) = (self.rank, &mut self.shards, &self.layout);
+            work += channel.serve(&mut |asker, target, request, reply| {
+                let (g, s) = (target.subgroup as usize, target.shard as usize);
+                match shards.iter_mut().find(|x| x.subgroup_index == g && x.shard == s) {
+                    Some(shard) => shard.group.app_mut().query(request, reply),
+                    None => Err(format!(
+                        "member {me} is not in shard {s} of subgroup {g} (member {asker} asked it; that shard's members: {:?})",
+                        layout.shards.get(g).and_then(|x| x.get(s))
+                    )),
+                }
+            })?;
+        }
         Ok(work)
+    }
+
+    /// The members of shard `shard` of `subgroup` (top-level ranks, in
+    /// shard-rank order).
+    pub fn shard_members(&self, subgroup: &str, shard: usize) -> Result<&[usize], Error> {
+        let g = self.subgroup_index(subgroup)?;
+        self.layout.shards[g].get(shard).map(|m| m.as_slice()).ok_or_else(|| {
+            Error::Config(format!(
+                "subgroup {subgroup:?} has {} shards: there is no shard {shard}",
+                self.layout.shards[g].len()
+            ))
+        })
+    }
+
+    /// Ask `member` of shard `shard` of `subgroup` a read, and wait (up to
+    /// `timeout`) for its reply: its shard application's answer
+    /// ([`Upcalls::query`]) from its replica as it is, beside the shard's
+    /// total order. This member keeps its own shards going and answers
+    /// the queries it is asked while it waits. A query to itself is
+    /// answered locally. The request and the reply are at most
+    /// [`spindle_group::query::QUERY_PAYLOAD_BYTES_MAX`] bytes.
+    pub fn query(
+        &mut self,
+        subgroup: &str,
+        shard: usize,
+        member: usize,
+        request: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, Error> {
+        let g = self.subgroup_index(subgroup)?;
+        let members = self.shard_members(subgroup, shard)?;
+        if !members.contains(&member) {
+            return Err(Error::Config(format!(
+                "member {member} is not in shard {shard} of subgroup {subgroup:?} (its members: {members:?})"
+            )));
+        }
+        let too_long = QueryError::TooLong {
+            len: request.len(),
+            max: spindle_group::query::QUERY_PAYLOAD_BYTES_MAX,
+        };
+        if member == self.rank {
+            if request.len() > spindle_group::query::QUERY_PAYLOAD_BYTES_MAX {
+                return Err(too_long.into());
+            }
+            let local = self
+                .shards
+                .iter_mut()
+                .find(|x| x.subgroup_index == g && x.shard == shard)
+                .expect("a member of a shard has joined its group");
+            let mut reply = Vec::new();
+            local
+                .group
+                .app_mut()
+                .query(request, &mut reply)
+                .map_err(|reason| QueryError::Refused { peer: member, reason })?;
+            return Ok(reply);
+        }
+        let Some(channel) = self.queries.as_mut() else {
+            return Err(Error::Config(
+                "queries are off: turn them on with GroupBuilder::queries(true), on every member".into(),
+            ));
+        };
+        let target = QueryTarget {
+            subgroup: g as u32,
+            shard: shard as u32,
+        };
+        channel.ask(member, target, request)?;
+        let started = std::time::Instant::now();
+        let mut last_check = started;
+        let mut idle_passes: u32 = 0;
+        let mut reply = Vec::new();
+        loop {
+            let channel = self.queries.as_mut().expect("checked above");
+            if let Some(answer) = channel.take_reply(member, &mut reply) {
+                answer?;
+                return Ok(reply);
+            }
+            let gave_up = if last_check.elapsed() >= Duration::from_millis(10) {
+                last_check = std::time::Instant::now();
+                channel
+                    .peer_gone(member)
+                    .then_some(Error::Query(QueryError::PeerGone { peer: member }))
+            } else {
+                None
+            }
+            .or_else(|| {
+                (started.elapsed() > timeout).then(|| Error::Timeout {
+                    waiting_for: format!(
+                        "member {member}'s reply to a query on shard {shard} of subgroup {subgroup:?}"
+                    ),
+                    waited_ms: timeout.as_millis() as u64,
+                })
+            });
+            if let Some(e) = gave_up {
+                // A late reply is dropped; the next query goes on.
+                channel.abandon(member);
+                return Err(e);
+            }
+            if self.poll()? > 0 {
+                idle_passes = 0;
+            } else {
+                idle_passes = idle_passes.saturating_add(1);
+                backoff(idle_passes);
+            }
+        }
     }
 
     /// Poll every shard until `done(self)` holds; fails with
@@ -311,19 +479,16 @@ impl<U: Upcalls + Send> Sharded<U> {
         let started = std::time::Instant::now();
         let mut idle_passes: u32 = 0;
         while !done(self) {
-            if let [only] = self.shards.as_mut_slice() {
-                // One shard: its own idle strategy (parks on its doorbell).
+            if let (None, [only]) = (&self.queries, self.shards.as_mut_slice()) {
+                // One shard and no queries: its own idle strategy (parks
+                // on its doorbell).
                 only.group.poll_or_idle()?;
             } else if self.poll()? > 0 {
                 idle_passes = 0;
             } else {
                 // Several doorbells: spin, yield, then nap briefly.
                 idle_passes = idle_passes.saturating_add(1);
-                match idle_passes {
-                    0..=63 => std::hint::spin_loop(),
-                    64..=127 => std::thread::yield_now(),
-                    _ => std::thread::sleep(Duration::from_micros(50)),
-                }
+                backoff(idle_passes);
             }
             if started.elapsed() > timeout {
                 return Err(Error::Timeout {
@@ -354,5 +519,15 @@ impl<U: Upcalls + Send> Sharded<U> {
                 })
                 .collect()
         })
+    }
+}
+
+/// A pass over several doorbells that found nothing: spin, yield, then
+/// nap briefly (so several processes on 2 cores still progress).
+fn backoff(idle_passes: u32) {
+    match idle_passes {
+        0..=63 => std::hint::spin_loop(),
+        64..=127 => std::thread::yield_now(),
+        _ => std::thread::sleep(Duration::from_micros(50)),
     }
 }

@@ -276,32 +276,17 @@ pub fn tcp_options(
             config.members
         )));
     }
-    if tcp.key.len() < KEY_BYTES_MIN {
-        return Err(Error::Config(format!(
-            "the group key has {} bytes; at least {KEY_BYTES_MIN} are needed",
-            tcp.key.len()
-        )));
-    }
-    let mut options = TcpOptions::new(
+    let mut options = tcp_common(
+        tcp,
         &config.name,
         layout.row.row_len_bytes(),
         layout.row.tag(),
-        tcp.members.clone(),
-        tcp.key.clone(),
-    );
+        layout.row.summary(),
+        config.join_timeout,
+    )?;
     // Rows in /dev/shm/spindle@tcp-<group>@<rank>, for the live-counter
     // reader (which rebuilds the layout from the description).
     options.stat_dir = Some(PathBuf::from("/dev/shm"));
-    options.layout_description = layout.row.summary();
-    options.listen = tcp.listen;
-    options.join_timeout = config.join_timeout;
-    options.peer_timeout = tcp.peer_timeout;
-    options.check_source_addr = tcp.check_source_addr;
-    options.handshake_timeout = tcp.handshake_timeout;
-    options.handshakes_pending_max = tcp.handshakes_pending_max;
-    options.handshakes_pending_per_source_max = options
-        .handshakes_pending_per_source_max
-        .min(tcp.handshakes_pending_max);
     options.send_stall_max = send_stall_max(config);
     // Coalesce pushes; every progress pass flushes them (`Fabric::flush`).
     options.coalesce = true;
@@ -313,10 +298,98 @@ pub fn tcp_options(
     } else {
         PeerSet(config.initial_ranks().iter().fold(0u64, |m, r| m | 1 << r) & !(1u64 << rank))
     });
+    Ok(options)
+}
+
+/// The tcp options every fabric of a group shares: the addresses, key,
+/// TLS and listen address of `tcp`, and its timeouts, for rows of
+/// `row_len_bytes` with layout `tag`.
+fn tcp_common(
+    tcp: &TcpTransport,
+    name: &str,
+    row_len_bytes: usize,
+    tag: u64,
+    description: String,
+    join_timeout: Duration,
+) -> Result<TcpOptions, Error> {
+    if tcp.key.len() < KEY_BYTES_MIN {
+        return Err(Error::Config(format!(
+            "the group key has {} bytes; at least {KEY_BYTES_MIN} are needed",
+            tcp.key.len()
+        )));
+    }
+    let mut options = TcpOptions::new(name, row_len_bytes, tag, tcp.members.clone(), tcp.key.clone());
+    options.layout_description = description;
+    options.listen = tcp.listen;
+    options.join_timeout = join_timeout;
+    options.peer_timeout = tcp.peer_timeout;
+    options.check_source_addr = tcp.check_source_addr;
+    options.handshake_timeout = tcp.handshake_timeout;
+    options.handshakes_pending_max = tcp.handshakes_pending_max;
+    options.handshakes_pending_per_source_max = options
+        .handshakes_pending_per_source_max
+        .min(tcp.handshakes_pending_max);
     if let Some(files) = &tcp.tls {
         options.tls = Some(TlsConfig::from_files(&files.cert, &files.key, &files.ca)?);
     }
     Ok(options)
+}
+
+/// The fabric of a sharded group's point-to-point queries
+/// ([`spindle_group::query`]): shared memory `{group}.p2p`, or on tcp (and
+/// ofi, whose control plane is tcp) the members' `query_addresses`. It
+/// waits, up to `join_timeout`, for every member to open it.
+pub(crate) fn open_query_fabric(
+    transport: &Transport,
+    name: &str,
+    members: usize,
+    rank: usize,
+    query_addresses: Option<&[SocketAddr]>,
+    join_timeout: Duration,
+) -> Result<AnyFabric, Error> {
+    let layout = spindle_group::QueryLayout::new(members);
+    let fabric = match transport {
+        Transport::Shm => {
+            let mut options = ShmOptions::new(name, members, layout.row_len_bytes(), layout.tag());
+            options.layout_description = layout.summary();
+            AnyFabric::Shm(ShmFabric::open(&options, rank)?)
+        }
+        Transport::Tcp(tcp) | Transport::Ofi(OfiTransport { tcp, .. }) => {
+            let Some(addresses) = query_addresses else {
+                return Err(Error::Config(
+                    "queries on tcp need an address of their own for every member (each member's address \
+                     carries its shard's group): set GroupBuilder::query_addresses"
+                        .into(),
+                ));
+            };
+            if addresses.len() != members {
+                return Err(Error::Config(format!(
+                    "query_addresses lists {} addresses but the group has {members} members",
+                    addresses.len()
+                )));
+            }
+            if let Some(a) = addresses.iter().find(|a| tcp.members.contains(a)) {
+                return Err(Error::Config(format!(
+                    "query address {a} is also a member's address: the query channel needs addresses of its own"
+                )));
+            }
+            let mut q = tcp.clone();
+            q.members = addresses.to_vec();
+            q.listen = None;
+            let mut options = tcp_common(
+                &q,
+                name,
+                layout.row_len_bytes(),
+                layout.tag(),
+                layout.summary(),
+                join_timeout,
+            )?;
+            options.wait_for = Some(PeerSet(PeerSet::all(members).0 & !(1u64 << rank)));
+            AnyFabric::Tcp(TcpFabric::open(&options, rank)?)
+        }
+    };
+    spindle_fabric::wait_all_joined(&fabric, name, join_timeout)?;
+    Ok(fabric)
 }
 
 /// The longest a push waits for one peer: a quarter of the suspicion

@@ -42,6 +42,16 @@ impl StateMachine for Map {
             .collect::<Result<_, _>>()?;
         Ok(())
     }
+    /// A read: the request is a key, the reply its value.
+    fn query(&self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), String> {
+        let key = String::from_utf8_lossy(request);
+        let value = self
+            .entries
+            .get(key.as_ref())
+            .ok_or_else(|| format!("no key {key:?}"))?;
+        reply.extend_from_slice(value.as_bytes());
+        Ok(())
+    }
     fn view_installed(&mut self, view: &View) {
         if self.print_views {
             println!(
