@@ -8,13 +8,16 @@
 //! two members multicast writes in their shard the whole time, so the
 //! answerer answers between deliveries. In the same run, a cache line's
 //! round trip between two threads is measured, the floor for any reply.
+//! `--transport tcp` puts every member and its query channel on loopback
+//! ports instead (the comparison with a Redis GET:
+//! `bench/peers/query-vs-redis.sh`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use spindle::{Callbacks, Group, SubgroupSpec};
+use spindle::{Callbacks, Group, SubgroupSpec, TcpTransport, Transport};
 
 /// `spindle bench query` flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -28,6 +31,10 @@ pub struct QueryArgs {
     /// The answerer's shard multicasts writes the whole time.
     #[arg(long)]
     pub load: bool,
+    /// shm (one region per shard and one for the queries) or tcp (every
+    /// member and its query channel on a loopback port of its own).
+    #[arg(long, default_value = "shm", value_parser = ["shm", "tcp"])]
+    pub transport: String,
     /// Write the result here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -41,6 +48,7 @@ pub struct QueryResult {
     pub queries: u64,
     pub reply_bytes: usize,
     pub load: bool,
+    pub transport: String,
     pub latency_ns: crate::report::Percentiles,
     pub queries_per_s: f64,
     /// Writes the answerer's shard delivered while the queries ran.
@@ -63,6 +71,22 @@ pub fn run(args: QueryArgs) -> Result<(), String> {
     }
     let round_trip_ns = crate::fanout::probe::cache_line_round_trip_ns(0, 1 % num_cpus());
     let name = format!("bench-query-{}", std::process::id());
+    // tcp: 4 member addresses and 4 query addresses on loopback.
+    let addresses: Option<Vec<std::net::SocketAddr>> = if args.transport == "tcp" {
+        let listeners: Vec<std::net::TcpListener> = (0..8)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("find free loopback ports: {e}"))?;
+        Some(
+            listeners
+                .iter()
+                .map(|l| l.local_addr())
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?,
+        )
+    } else {
+        None
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicUsize::new(0));
     let writes = Arc::new(AtomicUsize::new(0));
@@ -72,7 +96,19 @@ pub fn run(args: QueryArgs) -> Result<(), String> {
             let (name, stop, done, writes, result) =
                 (name.clone(), stop.clone(), done.clone(), writes.clone(), result.clone());
             let args = args.clone();
-            std::thread::spawn(move || member(&name, rank, &args, &stop, &done, &writes, &result))
+            let addresses = addresses.clone();
+            std::thread::spawn(move || {
+                let mut builder = Group::builder(&name);
+                if let Some(a) = addresses {
+                    builder = builder
+                        .transport(Transport::Tcp(TcpTransport::new(
+                            a[..4].to_vec(),
+                            b"bench-query-group-key".to_vec(),
+                        )))
+                        .query_addresses(a[4..].to_vec());
+                }
+                member(builder, rank, &args, &stop, &done, &writes, &result)
+            })
         })
         .collect();
     for (rank, t) in threads.into_iter().enumerate() {
@@ -90,6 +126,7 @@ pub fn run(args: QueryArgs) -> Result<(), String> {
         queries: hist.len(),
         reply_bytes: args.size,
         load: args.load,
+        transport: args.transport.clone(),
         latency_ns,
         queries_per_s: hist.len() as f64 / seconds,
         writes_delivered_during: writes.load(Ordering::SeqCst) as u64,
@@ -98,8 +135,9 @@ pub fn run(args: QueryArgs) -> Result<(), String> {
         machine: crate::report::Machine::detect(),
     };
     println!(
-        "query round trip, {} B replies{}: p50 {} ns, p99 {} ns, p99.9 {} ns, {:.0} queries/s; \
+        "query round trip on {}, {} B replies{}: p50 {} ns, p99 {} ns, p99.9 {} ns, {:.0} queries/s; \
          cache-line round trip {:.0} ns (p50 is {:.1}×){}",
+        out.transport,
         out.reply_bytes,
         if out.load {
             ", the answerer's shard under a write load"
@@ -133,7 +171,7 @@ fn num_cpus() -> usize {
 type Measured = Option<(hdrhistogram::Histogram<u64>, f64)>;
 
 fn member(
-    name: &str,
+    builder: spindle::GroupBuilder,
     rank: usize,
     args: &QueryArgs,
     stop: &AtomicBool,
@@ -143,7 +181,7 @@ fn member(
 ) -> Result<(), String> {
     let value = vec![b'v'; args.size];
     let delivered = Arc::new(AtomicUsize::new(0));
-    let mut sharded = Group::builder(name)
+    let mut sharded = builder
         .members(4)
         .rank(rank)
         .join_timeout(WAIT)

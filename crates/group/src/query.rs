@@ -281,6 +281,8 @@ impl<F: Fabric> QueryChannel<F> {
         self.fabric.push(at + 8..body + padded(payload.len()), to)?;
         self.fabric.push(at..at + 8, to)?;
         self.fabric.flush();
+        // Wake the peer if it parks on the channel (see `park`).
+        self.fabric.doorbell().ring();
         Ok(())
     }
 
@@ -421,6 +423,35 @@ impl<F: Fabric> QueryChannel<F> {
             work += 1;
         }
         Ok(work)
+    }
+
+    /// Whether a query arrived that `serve` has not answered, or the
+    /// reply to an outstanding query (a check, nothing taken).
+    pub fn has_arrivals(&self) -> bool {
+        self.fabric.receive_now();
+        let joined = self.fabric.joined();
+        (0..self.layout.members)
+            .filter(|p| *p != self.me && joined.contains(*p))
+            .any(|p| {
+                let row = self.fabric.row(p);
+                // Acquire: pairs with the Release stores of `publish` in
+                // `p` (a check only: `serve` and `take_reply` read again).
+                let asked = row.u64_at(self.layout.request_box(self.me)).load(Ordering::Acquire);
+                let replied = row.u64_at(self.layout.reply_box(self.me)).load(Ordering::Acquire);
+                (asked != 0 && asked != self.served[p]) || (self.waiting_on(p) && replied == self.asked[p])
+            })
+    }
+
+    /// Sleep until a query or a reply arrives (the peers ring this
+    /// fabric's doorbell after they publish), or `timeout` passes.
+    pub fn park(&self, timeout: std::time::Duration) {
+        let bell = self.fabric.doorbell();
+        let ticket = bell.prepare_park();
+        if self.has_arrivals() {
+            bell.cancel_park();
+        } else {
+            bell.park(ticket, timeout);
+        }
     }
 
     /// Whether `peer` is gone (slow path: call it while waiting, not per

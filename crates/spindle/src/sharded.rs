@@ -466,8 +466,23 @@ impl<U: Upcalls + Send> Sharded<U> {
                 idle_passes = 0;
             } else {
                 idle_passes = idle_passes.saturating_add(1);
-                backoff(idle_passes);
+                self.idle(idle_passes);
             }
+        }
+    }
+
+    /// A pass that found nothing: spin, yield, then wait briefly (50 µs),
+    /// parked on the query channel when there is one (a query or a reply
+    /// wakes it), else asleep. So several processes on 2 cores still
+    /// progress, and every shard is polled at least every 50 µs.
+    fn idle(&self, idle_passes: u32) {
+        match idle_passes {
+            0..=63 => std::hint::spin_loop(),
+            64..=127 => std::thread::yield_now(),
+            _ => match &self.queries {
+                Some(channel) => channel.park(Duration::from_micros(50)),
+                None => std::thread::sleep(Duration::from_micros(50)),
+            },
         }
     }
 
@@ -486,9 +501,9 @@ impl<U: Upcalls + Send> Sharded<U> {
             } else if self.poll()? > 0 {
                 idle_passes = 0;
             } else {
-                // Several doorbells: spin, yield, then nap briefly.
+                // Several doorbells: spin, yield, then wait briefly.
                 idle_passes = idle_passes.saturating_add(1);
-                backoff(idle_passes);
+                self.idle(idle_passes);
             }
             if started.elapsed() > timeout {
                 return Err(Error::Timeout {
@@ -519,15 +534,5 @@ impl<U: Upcalls + Send> Sharded<U> {
                 })
                 .collect()
         })
-    }
-}
-
-/// A pass over several doorbells that found nothing: spin, yield, then
-/// nap briefly (so several processes on 2 cores still progress).
-fn backoff(idle_passes: u32) {
-    match idle_passes {
-        0..=63 => std::hint::spin_loop(),
-        64..=127 => std::thread::yield_now(),
-        _ => std::thread::sleep(Duration::from_micros(50)),
     }
 }
