@@ -304,7 +304,17 @@ fn rpc_over_ofi_answers_every_write() {
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     let backups = start_backups(&fabrics, &layout, Mode::Rpc, dir.path(), None);
     let mut master = start_master(&fabrics[0], &layout, Mode::Rpc);
-    assert!(threads_named("rpc-").len() >= BACKUPS, "one copier per backup");
+    // Each backup starts its copier on its own thread, which names itself
+    // once it runs: wait for them (bounded) rather than race their start.
+    let started = std::time::Instant::now();
+    while threads_named("rpc-").len() < BACKUPS && started.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        threads_named("rpc-").len() >= BACKUPS,
+        "one copier per backup: {:?}",
+        threads_named("rpc-")
+    );
     for i in 0..200u64 {
         master
             .append_record(RecordKind::Put, b"rpc", &[7u8; 100], i + 1)
