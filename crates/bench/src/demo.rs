@@ -74,6 +74,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
         window: defaults::WINDOW_SLOTS,
         slot_payload_max: args.size,
         large_message_max_bytes: spindle_group::config::defaults::LARGE_MESSAGE_MAX_BYTES,
+        large_in_place: false,
         batching: true,
         idle: "backoff".into(),
         size: args.size,

@@ -41,6 +41,10 @@ pub struct MemberSpec {
     /// The largest message (above `slot_payload_max` it goes as fragments).
     #[serde(default = "default_large_message_max_bytes")]
     pub large_message_max_bytes: u64,
+    /// Take large messages fragment by fragment, in place
+    /// (`Upcalls::takes_fragments`), instead of whole.
+    #[serde(default)]
+    pub large_in_place: bool,
     pub batching: bool,
     pub idle: String,
     /// Payload bytes per message (above the slot: a large message).
@@ -279,11 +283,68 @@ struct Deliverer<'a> {
     /// The view this run started in: a delivery from an earlier view is
     /// the history a persistent restart replays.
     first_view: u64,
+    /// Large messages are taken in place (`MemberSpec::large_in_place`):
+    /// per sender rank, what the fragments of its message so far add up
+    /// to. Made before the run (nothing is allocated as fragments come).
+    staged: Option<Vec<StagedLarge>>,
 }
 
-impl spindle_group::Upcalls for Deliverer<'_> {
+/// A large message taken in place, fragment by fragment: its header
+/// (from its first fragment), the checksum of its bytes so far, and, with
+/// a delivery log, their hash so far.
+struct StagedLarge {
+    message_id: u64,
+    header: Option<(u64, u64)>,
+    sum: u64,
+    hasher: Option<Box<xxhash_rust::xxh3::Xxh3>>,
+}
+
+/// One message delivered, whole or put together in place.
+struct Delivered {
+    view: u64,
+    sender_rank: usize,
+    sender_index: usize,
+    index: u64,
+    seq: u64,
+    len: u64,
+    /// Its (send timestamp, counter), when it is long enough for them.
+    header: Option<(u64, u64)>,
+}
+
+impl Deliverer<'_> {
+    fn new<'a>(tally: &'a mut Tally, spec: &MemberSpec, rank: usize, first_view: u64) -> Deliverer<'a> {
+        let logging = tally.log.is_some();
+        let staged = spec.large_in_place.then(|| {
+            (0..spindle_fabric::MEMBERS_MAX)
+                .map(|_| StagedLarge {
+                    message_id: 0,
+                    header: None,
+                    sum: 0,
+                    hasher: logging.then(|| Box::new(xxhash_rust::xxh3::Xxh3::new())),
+                })
+                .collect()
+        });
+        Deliverer {
+            tally,
+            rank,
+            self_check: spec.self_check,
+            views_logged: 0,
+            first_view,
+            staged,
+        }
+    }
+
+    /// Whether this member reads every byte of `sender_rank`'s messages.
     #[inline]
-    fn deliver(&mut self, d: &spindle_group::Delivery<'_>) {
+    fn checks(&self, sender_rank: usize) -> bool {
+        sender_rank != self.rank || self.self_check
+    }
+
+    /// Count one delivered message (its bytes' checksum `sum`; `xxh3`
+    /// gives their hash for the delivery log, asked only when there is
+    /// one).
+    #[inline]
+    fn account(&mut self, d: Delivered, sum: u64, xxh3: impl FnOnce() -> u64) {
         let tally = &mut *self.tally;
         tally.history_msgs += 1;
         if d.view < self.first_view {
@@ -291,12 +352,11 @@ impl spindle_group::Upcalls for Deliverer<'_> {
             return;
         }
         if let Some(log) = tally.log.as_mut() {
-            if let Err(e) = log.record(d) {
+            if let Err(e) = log.record_hashed(d.view, d.sender_rank, d.index, d.seq, d.len, xxh3()) {
                 tally.log_error.get_or_insert(e.to_string());
             }
         }
-        if d.payload.len() >= payload::PAYLOAD_BYTES_MIN {
-            let (ts, counter) = payload::header(d.payload);
+        if let Some((ts, counter)) = d.header {
             if counter == END_MARKER_COUNTER {
                 tally.ended_ranks |= 1 << d.sender_rank;
                 return;
@@ -306,18 +366,88 @@ impl spindle_group::Upcalls for Deliverer<'_> {
                 tally.samples.push((d.sender_rank as u32, counter, ns));
             }
         }
-        let sum = if d.sender_rank != self.rank || self.self_check {
+        tally.checksums[d.sender_index] = tally.checksums[d.sender_index].wrapping_add(sum);
+        tally.delivered_msgs += 1;
+        tally.delivered_bytes += d.len;
+        tally.delivered_by_rank[d.sender_rank] += 1;
+        tally.digest = (tally.digest ^ ((d.sender_rank as u64) << 56 ^ d.index ^ d.len << 40))
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+}
+
+/// The (send timestamp, counter) at the head of a bench payload.
+#[inline]
+fn header_of(bytes: &[u8]) -> Option<(u64, u64)> {
+    (bytes.len() >= payload::PAYLOAD_BYTES_MIN).then(|| payload::header(bytes))
+}
+
+impl spindle_group::Upcalls for Deliverer<'_> {
+    #[inline]
+    fn deliver(&mut self, d: &spindle_group::Delivery<'_>) {
+        let sum = if self.checks(d.sender_rank) {
             payload::checksum(d.payload)
         } else {
             0
         };
-        tally.checksums[d.sender_index] = tally.checksums[d.sender_index].wrapping_add(sum);
-        tally.delivered_msgs += 1;
-        tally.delivered_bytes += d.payload.len() as u64;
-        tally.delivered_by_rank[d.sender_rank] += 1;
-        tally.digest = (tally.digest ^ ((d.sender_rank as u64) << 56 ^ d.index ^ (d.payload.len() as u64) << 40))
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .rotate_left(29);
+        let delivered = Delivered {
+            view: d.view,
+            sender_rank: d.sender_rank,
+            sender_index: d.sender_index,
+            index: d.index,
+            seq: d.seq,
+            len: d.payload.len() as u64,
+            header: header_of(d.payload),
+        };
+        self.account(delivered, sum, || xxhash_rust::xxh3::xxh3_64(d.payload));
+    }
+
+    fn takes_fragments(&self) -> bool {
+        self.staged.is_some()
+    }
+
+    /// A fragment, read where it lies: its checksum (and hash) is added
+    /// to its message's, which is counted at its last fragment. The
+    /// checksum sums 8-byte words, and every fragment but the last holds
+    /// a multiple of 8 bytes, so the sum is the whole message's.
+    #[inline]
+    fn deliver_fragment(&mut self, f: &spindle_group::FragmentDelivery<'_>) {
+        let checks = self.checks(f.sender_rank);
+        let staged = self.staged.as_mut().expect("fragments only when taken in place");
+        let st = &mut staged[f.sender_rank];
+        if f.offset == 0 {
+            st.message_id = f.message_id;
+            st.header = header_of(f.data);
+            st.sum = 0;
+            if let Some(h) = st.hasher.as_mut() {
+                h.reset();
+            }
+        }
+        debug_assert_eq!(
+            st.message_id, f.message_id,
+            "no gaps: the fragments of one message at a time"
+        );
+        if checks {
+            st.sum = st.sum.wrapping_add(payload::checksum(f.data));
+        }
+        if let Some(h) = st.hasher.as_mut() {
+            h.update(f.data);
+        }
+        if !f.is_last() {
+            return;
+        }
+        let (sum, header) = (st.sum, st.header);
+        let hash = st.hasher.as_ref().map_or(0, |h| h.digest());
+        let delivered = Delivered {
+            view: f.view,
+            sender_rank: f.sender_rank,
+            sender_index: f.sender_index,
+            index: f.index,
+            seq: f.seq,
+            len: f.total_len,
+            header,
+        };
+        self.account(delivered, sum, || hash);
     }
 
     fn null_passed(&mut self, view: u64, sender_rank: usize, index: u64) {
@@ -514,13 +644,8 @@ fn drive<F: Fabric>(
     let mut sent_checksum = 0u64;
     // The large message being sent: its fragments, timestamp and counter.
     let mut large_tx: Option<LargeInFlight<F>> = None;
-    let mut deliverer = Deliverer {
-        tally: &mut tally,
-        rank,
-        self_check: spec.self_check,
-        views_logged: 0,
-        first_view: group.view().id,
-    };
+    let first_view = group.view().id;
+    let mut deliverer = Deliverer::new(&mut tally, spec, rank, first_view);
     // On tcp a rate-limited sender waiting for its next send time parks on
     // the doorbell until then (a peer's progress wakes it at once); on shm
     // it keeps polling (counted as work) so the idle strategy never parks

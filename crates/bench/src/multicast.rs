@@ -55,6 +55,12 @@ pub struct MulticastArgs {
     /// baseline moves the same bytes through a ring of the same slots.
     #[arg(long)]
     pub slot_size: Option<usize>,
+    /// How members take a message larger than the slot: `whole` (copied
+    /// together into one buffer, delivered as one `&[u8]`) or `in-place`
+    /// (each fragment read where it lies, `Upcalls::takes_fragments`:
+    /// no copy).
+    #[arg(long, default_value = "whole", value_parser = ["whole", "in-place"])]
+    pub large_delivery: String,
     /// Turn the Spindle batching techniques off (to see what they buy).
     #[arg(long)]
     pub no_batching: bool,
@@ -397,6 +403,7 @@ pub fn measure_with_tcp(
         size: args.size,
         count: args.count,
         window,
+        large_delivery: args.large_delivery.clone(),
         batching: !args.no_batching,
         self_check: args.self_check,
         pinned: args.pin,
@@ -459,6 +466,7 @@ fn member_spec(
         window,
         slot_payload_max: slot,
         large_message_max_bytes: spindle_group::config::defaults::LARGE_MESSAGE_MAX_BYTES,
+        large_in_place: args.large_delivery == "in-place",
         batching: !args.no_batching,
         idle: args.idle_name(),
         size: args.size,

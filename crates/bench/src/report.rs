@@ -114,6 +114,10 @@ pub struct BenchReport {
     /// Messages per sender.
     pub count: u64,
     pub window: usize,
+    /// How a message larger than the slot was taken: "whole" or
+    /// "in-place" (`--large-delivery`).
+    #[serde(default)]
+    pub large_delivery: String,
     pub batching: bool,
     /// Whether senders also read (checksum) their own delivered messages.
     pub self_check: bool,

@@ -144,6 +144,11 @@ struct Tally {
     large_runs: u64,
     large_sent: u64,
     large_cut: u64,
+    /// Runs with large messages where some member took them in place
+    /// (fragment by fragment); the large messages sent and cut in them.
+    in_place_runs: u64,
+    in_place_sent: u64,
+    in_place_cut: u64,
     /// Persistent runs whose plan compacts the logs; compactions checked.
     compacting_runs: u64,
     log_compactions: u64,
@@ -177,6 +182,11 @@ impl Tally {
         self.large_runs += (report.plan.large_per_mille > 0) as u64;
         self.large_sent += report.large_sent;
         self.large_cut += report.large_cut;
+        if report.plan.large_per_mille > 0 && report.plan.large_in_place_members != 0 {
+            self.in_place_runs += 1;
+            self.in_place_sent += report.large_sent;
+            self.in_place_cut += report.large_cut;
+        }
         self.compacting_runs += (report.plan.compact_log_bytes > 0) as u64;
         self.log_compactions += report.log_compactions;
         if let Some(r) = &report.restart {
@@ -234,6 +244,11 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     println!(
         "subgroup layouts checked at every view change: {} (member × view), {} views too small for their drawn subgroups",
         tally.layouts_checked, tally.layouts_inadequate
+    );
+    println!(
+        "large messages: {} sent in {} runs, {} cut by a view change; in place (fragment by fragment, at some members): \
+         {} sent in {} runs, {} cut",
+        tally.large_sent, tally.large_runs, tally.large_cut, tally.in_place_sent, tally.in_place_runs, tally.in_place_cut
     );
     println!(
         "persistent log compactions checked: {} in {} runs",
@@ -343,6 +358,9 @@ fn write_json(path: &std::path::Path, args: &SimArgs, v: &Validated, t: &Tally, 
         "runs_with_large_messages": t.large_runs,
         "large_messages_sent": t.large_sent,
         "large_messages_cut_by_a_view_change": t.large_cut,
+        "runs_taking_large_messages_in_place": t.in_place_runs,
+        "large_messages_sent_taken_in_place": t.in_place_sent,
+        "large_messages_cut_taken_in_place": t.in_place_cut,
         "runs_compacting_their_logs": t.compacting_runs,
         "log_compactions_checked": t.log_compactions,
         "total_failure_restarts": t.restarts,

@@ -124,6 +124,7 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         window: file.window_slots,
         slot_payload_max: file.slot_payload_max,
         large_message_max_bytes: file.large_message_max_bytes,
+        large_in_place: false,
         batching: file.batching,
         idle: file.idle.clone(),
         size: args.size,

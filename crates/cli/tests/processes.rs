@@ -115,6 +115,19 @@ fn bench_writes_json_with_the_documented_keys_and_unordered_logs_pass() {
 /// pass as nulls) pass the checkers.
 #[test]
 fn bench_messages_larger_than_the_slot_arrive_whole_in_one_order() {
+    large_messages_in_one_order("whole");
+}
+
+/// The same, with every member taking the large messages in place,
+/// fragment by fragment (`--large-delivery in-place`): the checksums of
+/// the fragments add up to what the sender wrote, and the delivery logs
+/// (each message hashed across its fragments) pass the checkers.
+#[test]
+fn bench_messages_taken_in_place_arrive_whole_in_one_order() {
+    large_messages_in_one_order("in-place");
+}
+
+fn large_messages_in_one_order(large_delivery: &str) {
     let (_dir, report, logs_dir) = bench_with_logs(&[
         "--members",
         "3",
@@ -126,8 +139,11 @@ fn bench_messages_larger_than_the_slot_arrive_whole_in_one_order() {
         "40",
         "--window",
         "16",
+        "--large-delivery",
+        large_delivery,
     ]);
     assert_eq!(report["size"], 50000);
+    assert_eq!(report["large_delivery"], large_delivery);
     assert!(
         report["baseline_gbps"].as_f64().unwrap() > 0.0,
         "the raw ring of the same slots ran"

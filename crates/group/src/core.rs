@@ -46,7 +46,7 @@ use spindle_fabric::{Fabric, FabricError, PeerSet, RowRef};
 
 use crate::config::{DeliveryMode, GroupConfig};
 use crate::counters::{self, Counters};
-use crate::large::{Fragment, Reassembly, LEN_FRAGMENT, LEN_MASK};
+use crate::large::{Fragment, FragmentDelivery, Reassembly, LEN_FRAGMENT, LEN_MASK};
 use crate::layout::{SmcLayout, NULL_COUNT_SKIP, SLOT_HEADER_BYTES};
 use crate::membership::{MembershipState, Upcalls, View};
 use crate::persist::{PersistLog, SenderWord};
@@ -1547,7 +1547,8 @@ pub(crate) fn cut_partials<U: Upcalls + ?Sized>(
 
 /// Hand one delivered data slot to the application: a message as it is,
 /// a fragment of a large message to the reassembly (see [`crate::large`]),
-/// which hands over the whole message at its last fragment. Returns the
+/// which hands over the whole message at its last fragment (or, to an
+/// application that takes fragments, each fragment in place). Returns the
 /// bytes delivered, or `None` when nothing was (a fragment taken or
 /// passed over: it passes as a null, so every index is accounted for).
 #[inline]
@@ -1562,7 +1563,7 @@ fn hand_over<U: Upcalls + ?Sized>(
         up.deliver(d);
         return Some(d.payload.len());
     }
-    let (taken, cut) = large.take(d.sender_index, d.payload);
+    let (taken, cut) = large.take(d.sender_index, d.payload, up.takes_fragments());
     if let Some(cut) = cut {
         counters.add(counters::LARGE_MSGS_CUT, 1);
         up.large_message_cut(d.view, d.sender_rank, cut.message_id, cut.len_bytes);
@@ -1572,6 +1573,31 @@ fn hand_over<U: Upcalls + ?Sized>(
             counters.add(counters::LARGE_MSGS, 1);
             up.deliver(&Delivery { payload: whole, ..*d });
             Some(whole.len())
+        }
+        Fragment::InPlace {
+            message_id,
+            total_len,
+            offset,
+            data,
+        } => {
+            let f = FragmentDelivery {
+                view: d.view,
+                sender_rank: d.sender_rank,
+                sender_index: d.sender_index,
+                index: d.index,
+                seq: d.seq,
+                message_id,
+                total_len,
+                offset,
+                data,
+            };
+            up.deliver_fragment(&f);
+            if f.is_last() {
+                counters.add(counters::LARGE_MSGS, 1);
+                return Some(total_len as usize);
+            }
+            up.null_passed(d.view, d.sender_rank, d.index);
+            None
         }
         Fragment::Pending | Fragment::PassedOver => {
             up.null_passed(d.view, d.sender_rank, d.index);

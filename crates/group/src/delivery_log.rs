@@ -82,20 +82,29 @@ impl DeliveryLog {
 
     /// Record one delivery (formats into the buffer: no allocation).
     pub fn record(&mut self, d: &Delivery<'_>) -> std::io::Result<()> {
-        if self.null_runs[d.sender_rank].is_some() {
-            self.write_null_run(d.sender_rank)?;
-        }
         let hash = xxhash_rust::xxh3::xxh3_64(d.payload);
+        self.record_hashed(d.view, d.sender_rank, d.index, d.seq, d.payload.len() as u64, hash)
+    }
+
+    /// [`DeliveryLog::record`] of a message whose bytes were hashed
+    /// elsewhere (`xxh3` of all `len` of them: a large message taken in
+    /// place, fragment by fragment).
+    pub fn record_hashed(
+        &mut self,
+        view: u64,
+        sender_rank: usize,
+        index: u64,
+        seq: u64,
+        len: u64,
+        xxh3: u64,
+    ) -> std::io::Result<()> {
+        if self.null_runs[sender_rank].is_some() {
+            self.write_null_run(sender_rank)?;
+        }
         writeln!(
             self.out,
-            "{{\"member\":{},\"view\":{},\"sender\":{},\"index\":{},\"seq\":{},\"len\":{},\"xxh3\":\"{:016x}\"}}",
+            "{{\"member\":{},\"view\":{view},\"sender\":{sender_rank},\"index\":{index},\"seq\":{seq},\"len\":{len},\"xxh3\":\"{xxh3:016x}\"}}",
             self.member,
-            d.view,
-            d.sender_rank,
-            d.index,
-            d.seq,
-            d.payload.len(),
-            hash
         )
     }
 

@@ -23,6 +23,25 @@
 //! upcalls' accounting (`Upcalls::null_passed`), so a delivery log still
 //! accounts for every index.
 //!
+//! **In place, without the copy.** An application whose
+//! `Upcalls::takes_fragments` says so is handed each fragment where it
+//! lies (in the sender's ring on shm, in this member's replica of it on
+//! tcp, in the log during a restart's replay) with
+//! `Upcalls::deliver_fragment`, in total order, and no reassembly buffer
+//! is written: the message is delivered at its last fragment
+//! ([`FragmentDelivery::is_last`]). Until then its fragments are staged,
+//! not delivered: a cut (below) is said with `Upcalls::large_message_cut`
+//! after them, and the application drops what it staged. Every member of
+//! a view is handed the same fragments and the same cuts, so the message
+//! is still delivered everywhere in that view or nowhere.
+//!
+//! ```text
+//!  sender's ring   | hdr | frag 0 | hdr | frag 1 | … | hdr | frag k |
+//!                          │              │                  │
+//!  whole (default)         └──copy──┬─────┴──copy──  …  ─────┴─copy─→ reassembly buffer → deliver(&[u8])
+//!  in place                 deliver_fragment(0), deliver_fragment(1), …, deliver_fragment(k, last)
+//! ```
+//!
 //! Virtual synchrony: a view change delivers every survivor the same
 //! prefix of a sender's fragments (the ragged edge), so their partial
 //! messages are identical; they are all dropped at the install (counted
@@ -71,6 +90,57 @@ impl FragmentHeader {
     }
 }
 
+/// One fragment of a large message handed over in place (see the module
+/// doc and `Upcalls::deliver_fragment`): its bytes are valid during the
+/// call only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FragmentDelivery<'a> {
+    /// The view the message was sent in.
+    pub view: u64,
+    /// Member rank of the sender.
+    pub sender_rank: usize,
+    /// Position of the sender in the view's sender list.
+    pub sender_index: usize,
+    /// This fragment's index in its sender's stream; the last fragment's
+    /// is the message's.
+    pub index: u64,
+    /// This fragment's position in the total order.
+    pub seq: u64,
+    /// The sender's count of large messages it started (see
+    /// `LargeSend::message_id`).
+    pub message_id: u64,
+    /// The whole message's length.
+    pub total_len: u64,
+    /// Where `data` lies in the message.
+    pub offset: u64,
+    /// This fragment's bytes of the message.
+    pub data: &'a [u8],
+}
+
+impl FragmentDelivery<'_> {
+    /// Whether this fragment ends its message: the message is delivered
+    /// with it.
+    #[inline]
+    pub fn is_last(&self) -> bool {
+        self.offset + self.data.len() as u64 == self.total_len
+    }
+
+    /// The delivery of the whole message this last fragment ends, with
+    /// `payload` (the bytes an application put together from the
+    /// fragments): what a member taking it whole is handed.
+    pub fn whole<'w>(&self, payload: &'w [u8]) -> crate::Delivery<'w> {
+        debug_assert!(self.is_last() && payload.len() as u64 == self.total_len);
+        crate::Delivery {
+            view: self.view,
+            sender_rank: self.sender_rank,
+            sender_index: self.sender_index,
+            index: self.index,
+            seq: self.seq,
+            payload,
+        }
+    }
+}
+
 /// What one delivered fragment amounts to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Fragment<'a> {
@@ -78,6 +148,16 @@ pub enum Fragment<'a> {
     Complete(&'a [u8]),
     /// Taken; more to come.
     Pending,
+    /// Taken in place (the message's first fragment asked for it): hand
+    /// these bytes, at `offset` of a message of `total_len`, to the
+    /// application. It is the message's last when `offset + data.len()
+    /// == total_len`.
+    InPlace {
+        message_id: u64,
+        total_len: u64,
+        offset: u64,
+        data: &'a [u8],
+    },
     /// Passed over: it does not continue a message begun in this view (a
     /// view change cut the message), or it is malformed.
     PassedOver,
@@ -86,10 +166,16 @@ pub enum Fragment<'a> {
 /// One sender's message being put together.
 #[derive(Default)]
 struct Partial {
+    /// The bytes so far (empty for a message taken in place).
     bytes: Vec<u8>,
+    /// How many of the message's bytes have been taken.
+    taken_bytes: u64,
     message_id: u64,
     total_len: u64,
     active: bool,
+    /// Its fragments go to the application in place, not into `bytes`
+    /// (decided at its first fragment, kept to its end).
+    in_place: bool,
 }
 
 /// A large message delivered nowhere: its sender's message id and length.
@@ -118,9 +204,11 @@ impl Reassembly {
     }
 
     /// Take sender `s`'s fragment (its whole slot payload), delivered in
-    /// total order. Returns the finished message at its last fragment.
-    /// Also returns the message this one ends unfinished, if any.
-    pub fn take(&mut self, s: usize, payload: &[u8]) -> (Fragment<'_>, Option<Cut>) {
+    /// total order. Returns the finished message at its last fragment,
+    /// or, for a message whose first fragment came with `in_place`, the
+    /// fragment's own bytes. Also returns the message this one ends
+    /// unfinished, if any.
+    pub fn take<'a>(&'a mut self, s: usize, payload: &'a [u8], in_place: bool) -> (Fragment<'a>, Option<Cut>) {
         let max_bytes = self.max_bytes;
         let p = &mut self.partials[s];
         let Some(head) = FragmentHeader::read(payload) else {
@@ -143,25 +231,47 @@ impl Reassembly {
                 return (Fragment::PassedOver, cut);
             }
             p.bytes.clear();
-            // Allocates only for a message bigger than any before.
-            p.bytes.reserve(head.total_len as usize);
+            if !in_place {
+                // Allocates only for a message bigger than any before.
+                p.bytes.reserve(head.total_len as usize);
+            }
             p.total_len = head.total_len;
             p.message_id = head.message_id;
+            p.taken_bytes = 0;
+            p.in_place = in_place;
             p.active = true;
         } else if !p.active
             || head.message_id != p.message_id
-            || head.offset != p.bytes.len() as u64
+            || head.offset != p.taken_bytes
             || head.total_len != p.total_len
         {
             return (Fragment::PassedOver, cut);
         }
-        if p.bytes.len() as u64 + data.len() as u64 > p.total_len {
+        if p.taken_bytes + data.len() as u64 > p.total_len {
             p.active = false;
             return (Fragment::PassedOver, Some(this_cut(p)));
         }
-        p.bytes.extend_from_slice(data);
-        if p.bytes.len() as u64 == p.total_len {
+        p.taken_bytes += data.len() as u64;
+        let last = p.taken_bytes == p.total_len;
+        if last {
             p.active = false;
+        }
+        if p.in_place {
+            let taken = Fragment::InPlace {
+                message_id: p.message_id,
+                total_len: p.total_len,
+                offset: head.offset,
+                data,
+            };
+            return (taken, cut);
+        }
+        p.bytes.extend_from_slice(data);
+        debug_assert_eq!(
+            p.bytes.len() as u64,
+            p.taken_bytes,
+            "no gaps: a large message's bytes are its fragments'"
+        );
+        if last {
             return (Fragment::Complete(&p.bytes), cut);
         }
         (Fragment::Pending, cut)
@@ -238,51 +348,96 @@ mod tests {
     #[test]
     fn fragments_in_order_make_the_message() {
         let mut r = Reassembly::new(2, 1 << 20);
-        assert_eq!(r.take(0, &fragment(6, 0, b"abc")).0, Fragment::Pending);
-        assert_eq!(r.take(1, &fragment(2, 0, b"xy")).0, Fragment::Complete(b"xy"));
-        assert_eq!(r.take(0, &fragment(6, 3, b"def")).0, Fragment::Complete(b"abcdef"));
+        assert_eq!(r.take(0, &fragment(6, 0, b"abc"), false).0, Fragment::Pending);
+        assert_eq!(r.take(1, &fragment(2, 0, b"xy"), false).0, Fragment::Complete(b"xy"));
+        assert_eq!(
+            r.take(0, &fragment(6, 3, b"def"), false).0,
+            Fragment::Complete(b"abcdef")
+        );
+    }
+
+    #[test]
+    fn a_message_begun_in_place_is_handed_over_fragment_by_fragment_without_a_copy() {
+        let mut r = Reassembly::new(2, 1 << 20);
+        let first = fragment(6, 0, b"abc");
+        let (taken, cut) = r.take(0, &first, true);
+        assert_eq!(cut, None);
+        let Fragment::InPlace {
+            offset,
+            total_len,
+            data,
+            ..
+        } = taken
+        else {
+            panic!("taken in place: {taken:?}");
+        };
+        assert_eq!((offset, total_len, data), (0, 6, &b"abc"[..]));
+        // The bytes handed over are the slot's own, not a copy.
+        assert_eq!(data.as_ptr(), first[FRAGMENT_HEADER_BYTES..].as_ptr());
+        assert!(r.has_partial());
+        // A later fragment follows the mode its message began in.
+        let second = fragment(6, 3, b"def");
+        let Fragment::InPlace { offset, data, .. } = r.take(0, &second, false).0 else {
+            panic!("in place to its end");
+        };
+        assert_eq!((offset, data), (3, &b"def"[..]));
+        assert!(!r.has_partial(), "the last fragment ends the message");
+        // A gap is passed over in place too, and a new start cuts it.
+        r.take(1, &fragment(9, 0, b"abc"), true);
+        assert_eq!(r.take(1, &fragment(9, 6, b"ghi"), true).0, Fragment::PassedOver);
+        let other = fragment(2, 0, b"zz");
+        let (taken, cut) = r.take(1, &other, false);
+        assert_eq!(taken, Fragment::Complete(b"zz"));
+        assert_eq!(
+            cut,
+            Some(Cut {
+                message_id: 9,
+                len_bytes: 9
+            })
+        );
     }
 
     #[test]
     fn a_fragment_that_does_not_continue_a_message_is_passed_over() {
         let mut r = Reassembly::new(1, 1 << 20);
         // Begun in an earlier view: no start seen here.
-        assert_eq!(r.take(0, &fragment(6, 3, b"def")).0, Fragment::PassedOver);
-        r.take(0, &fragment(9, 0, b"abc"));
+        assert_eq!(r.take(0, &fragment(6, 3, b"def"), false).0, Fragment::PassedOver);
+        r.take(0, &fragment(9, 0, b"abc"), false);
         // A gap, a different length, an overrun: passed over.
-        assert_eq!(r.take(0, &fragment(9, 6, b"ghi")).0, Fragment::PassedOver);
-        assert_eq!(r.take(0, &fragment(8, 3, b"def")).0, Fragment::PassedOver);
+        assert_eq!(r.take(0, &fragment(9, 6, b"ghi"), false).0, Fragment::PassedOver);
+        assert_eq!(r.take(0, &fragment(8, 3, b"def"), false).0, Fragment::PassedOver);
         let cut = Cut {
             message_id: 9,
             len_bytes: 9,
         };
         assert_eq!(
-            r.take(0, &fragment(9, 3, b"defghij")),
+            r.take(0, &fragment(9, 3, b"defghij"), false),
             (Fragment::PassedOver, Some(cut))
         );
         // Another message of the same length does not continue it.
-        r.take(0, &fragment_of(1, 6, 0, b"abc"));
-        assert_eq!(r.take(0, &fragment_of(2, 6, 3, b"def")).0, Fragment::PassedOver);
+        r.take(0, &fragment_of(1, 6, 0, b"abc"), false);
+        assert_eq!(r.take(0, &fragment_of(2, 6, 3, b"def"), false).0, Fragment::PassedOver);
         // Too large, empty, or too short for a header.
         let mut small = Reassembly::new(1, 4);
-        assert_eq!(small.take(0, &fragment(5, 0, b"ab")).0, Fragment::PassedOver);
-        assert_eq!(small.take(0, &fragment(0, 0, b"")).0, Fragment::PassedOver);
-        assert_eq!(small.take(0, b"short").0, Fragment::PassedOver);
+        assert_eq!(small.take(0, &fragment(5, 0, b"ab"), false).0, Fragment::PassedOver);
+        assert_eq!(small.take(0, &fragment(0, 0, b""), false).0, Fragment::PassedOver);
+        assert_eq!(small.take(0, b"short", false).0, Fragment::PassedOver);
     }
 
     #[test]
     fn an_install_drops_partial_messages_and_a_new_start_replaces_an_abandoned_one() {
         let mut r = Reassembly::new(2, 1 << 20);
-        r.take(0, &fragment(6, 0, b"abc"));
+        r.take(0, &fragment(6, 0, b"abc"), false);
         let six = Cut {
             message_id: 6,
             len_bytes: 6,
         };
         assert_eq!(r.drop_partials(), vec![(0, six)]);
         r.resize(3);
-        assert_eq!(r.take(0, &fragment(6, 3, b"def")).0, Fragment::PassedOver);
-        r.take(2, &fragment(4, 0, b"ab"));
-        let (f, cut) = r.take(2, &fragment(2, 0, b"zz"));
+        assert_eq!(r.take(0, &fragment(6, 3, b"def"), false).0, Fragment::PassedOver);
+        r.take(2, &fragment(4, 0, b"ab"), false);
+        let other = fragment(2, 0, b"zz");
+        let (f, cut) = r.take(2, &other, false);
         let four = Cut {
             message_id: 4,
             len_bytes: 4,

@@ -56,6 +56,7 @@ pub use crate::config::{DeliveryMode, GroupConfig, SenderSet};
 pub use crate::core::{Delivery, GroupCore, Positions};
 pub use crate::error::{GroupError, SendError};
 pub use crate::group::{Group, GroupAgent, GroupThread};
+pub use crate::large::FragmentDelivery;
 pub use crate::membership::{Upcalls, View};
 pub use crate::query::{QueryChannel, QueryError, QueryLayout, QueryTarget};
 pub use crate::sender::{LargeSend, SendBatch, SendSlot, Sender};

@@ -73,6 +73,25 @@ pub trait Upcalls {
     /// dropped its [`crate::LargeSend`] half way. The sender (a member
     /// too) is told as well: send it again. The default ignores it.
     fn large_message_cut(&mut self, _view: u64, _sender_rank: usize, _message_id: u64, _len_bytes: u64) {}
+    /// Whether this application takes large messages fragment by
+    /// fragment, in place, with [`Upcalls::deliver_fragment`] instead of
+    /// whole with [`Upcalls::deliver`]: no reassembly buffer is written,
+    /// so the message's bytes are read once, where the transport put
+    /// them (see [`crate::large`]). Asked at each message's first
+    /// fragment; keep the answer fixed. The default says no.
+    fn takes_fragments(&self) -> bool {
+        false
+    }
+    /// One fragment of a large message, in total order, its bytes in
+    /// place and valid during the call (only when
+    /// [`Upcalls::takes_fragments`]). The message is delivered with its
+    /// last fragment ([`crate::large::FragmentDelivery::is_last`]);
+    /// until then its fragments are staged, and a
+    /// [`Upcalls::large_message_cut`] of it says to drop them. Every
+    /// member of the view is handed the same fragments and cuts. The
+    /// fragments before the last also pass as nulls
+    /// ([`Upcalls::null_passed`]), as they do for a whole delivery.
+    fn deliver_fragment(&mut self, _f: &crate::large::FragmentDelivery<'_>) {}
     /// A new view was installed (after the old view's last delivery and
     /// before the new view's first).
     fn view_installed(&mut self, _view: &View) {}

@@ -9,13 +9,16 @@
 //! - a view change in the middle of one: every member that stays drops it
 //!   (`large_message_cut`), nobody delivers it in that view, the sender
 //!   sends it again and both survivors deliver it in the new view;
-//! - bad input: too large, a second one at once, slots too small.
+//! - bad input: too large, a second one at once, slots too small;
+//! - the same with members that take large messages in place, fragment
+//!   by fragment (`Upcalls::takes_fragments`), beside members that take
+//!   them whole: the same sequence, the same bytes, the same cuts.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use spindle_fabric::shm::ShmFabric;
-use spindle_group::{Delivery, DeliveryMode, Group, GroupConfig, SendError, Upcalls, View};
+use spindle_group::{Delivery, DeliveryMode, FragmentDelivery, Group, GroupConfig, SendError, Upcalls, View};
 
 /// Liveness bound of every loop (a hang fails the test; not a speed bound).
 const WAIT_MAX: Duration = Duration::from_secs(120);
@@ -48,12 +51,45 @@ struct Recorder {
     views: Vec<u64>,
     /// End markers of the small senders delivered.
     ends_seen: u64,
+    /// Take large messages in place, fragment by fragment.
+    in_place: bool,
+    /// In place: per sender rank, the message put together so far (its
+    /// id and bytes); and the fragments handed over.
+    staged: Vec<Option<(u64, Vec<u8>)>>,
+    fragments_in_place: u64,
 }
 
 /// A small sender's last message: it has seen every large one.
 const END_MARKER: u64 = u64::MAX;
 
 impl Upcalls for Recorder {
+    fn takes_fragments(&self) -> bool {
+        self.in_place
+    }
+    fn deliver_fragment(&mut self, f: &FragmentDelivery<'_>) {
+        assert!(self.in_place, "fragments only to a member that takes them");
+        self.fragments_in_place += 1;
+        if self.staged.len() <= f.sender_rank {
+            self.staged.resize(f.sender_rank + 1, None);
+        }
+        let staged = &mut self.staged[f.sender_rank];
+        if f.offset == 0 {
+            assert!(staged.is_none(), "a new message before the last was delivered or cut");
+            *staged = Some((f.message_id, Vec::new()));
+        }
+        let (id, bytes) = staged.as_mut().expect("no gaps: a message's fragments from its first");
+        assert_eq!(
+            (*id, bytes.len() as u64),
+            (f.message_id, f.offset),
+            "no gaps: fragments in order"
+        );
+        bytes.extend_from_slice(f.data);
+        if f.is_last() {
+            let (_, whole) = staged.take().expect("staged");
+            assert_eq!(whole.len() as u64, f.total_len);
+            self.deliver(&f.whole(&whole));
+        }
+    }
     fn deliver(&mut self, d: &Delivery<'_>) {
         if d.payload.len() > 256 {
             let n = u64::from_le_bytes(d.payload[..8].try_into().unwrap());
@@ -76,6 +112,10 @@ impl Upcalls for Recorder {
     }
     fn large_message_cut(&mut self, view: u64, sender_rank: usize, message_id: u64, len_bytes: u64) {
         assert_eq!(message_id, 0, "the first large message of its sender");
+        if let Some(staged) = self.staged.get_mut(sender_rank) {
+            // Staged fragments of a cut message are dropped.
+            *staged = None;
+        }
         self.cuts.push((view, sender_rank, len_bytes));
     }
     fn view_installed(&mut self, view: &View) {
@@ -146,12 +186,14 @@ where
 }
 
 /// Member 0 sends the large messages, members 1 and 2 small ones until
-/// they have seen the last large one; returns every member's record.
-fn run_three(test: &str, mode: DeliveryMode) -> Vec<Recorder> {
+/// they have seen the last large one; returns every member's record. The
+/// members in `in_place` take the large messages fragment by fragment.
+fn run_three(test: &str, mode: DeliveryMode, in_place: &'static [usize]) -> Vec<Recorder> {
     let mut c = config(test, 3);
     c.mode = mode;
-    let threads: Vec<_> = spawn_three(&c, |mut group, mut app| {
+    let threads: Vec<_> = spawn_three(&c, move |mut group, mut app| {
         let rank = app.rank;
+        app.in_place = in_place.contains(&rank);
         let start = Instant::now();
         let sender = group.sender().unwrap();
         if rank == 0 {
@@ -199,7 +241,7 @@ fn run_three(test: &str, mode: DeliveryMode) -> Vec<Recorder> {
 
 #[test]
 fn ordered_large_messages_arrive_whole_in_one_order_beside_small_ones() {
-    let records = run_three("ordered", DeliveryMode::Ordered);
+    let records = run_three("ordered", DeliveryMode::Ordered, &[]);
     for r in &records {
         assert_eq!(r.large_seen, SIZES.len() as u64);
         same_sequence(r, &records[0]);
@@ -237,8 +279,39 @@ fn ordered_large_messages_arrive_whole_in_one_order_beside_small_ones() {
 }
 
 #[test]
+fn members_that_take_large_messages_in_place_deliver_the_same_sequence_as_those_that_take_them_whole() {
+    // The sender and one receiver in place, the other receiver whole.
+    let records = run_three("in-place", DeliveryMode::Ordered, &[0, 2]);
+    for r in &records {
+        assert_eq!(
+            r.large_seen,
+            SIZES.len() as u64,
+            "member {}: every message, intact",
+            r.rank
+        );
+        same_sequence(r, &records[1]);
+        assert!(r.cuts.is_empty());
+    }
+    let fragments: u64 = SIZES.iter().map(|s| s.div_ceil(232) as u64).sum();
+    for r in [&records[0], &records[2]] {
+        assert_eq!(
+            r.fragments_in_place, fragments,
+            "member {}: every fragment handed over in place, once",
+            r.rank
+        );
+        // As with a whole delivery, the fragments before the last pass
+        // as nulls: a delivery log accounts for every index alike.
+        assert!(r.nulls >= fragments - SIZES.len() as u64);
+    }
+    assert_eq!(
+        records[1].fragments_in_place, 0,
+        "a member that takes them whole gets no fragments"
+    );
+}
+
+#[test]
 fn unordered_large_messages_arrive_whole() {
-    let records = run_three("unordered", DeliveryMode::Unordered);
+    let records = run_three("unordered", DeliveryMode::Unordered, &[1]);
     for r in &records {
         let large: Vec<usize> = r.deliveries.iter().filter(|d| d.3 > 256).map(|d| d.3).collect();
         assert_eq!(large, SIZES.to_vec(), "member {}: FIFO per sender, each whole", r.rank);
@@ -247,12 +320,26 @@ fn unordered_large_messages_arrive_whole() {
 
 #[test]
 fn a_view_change_in_the_middle_cuts_the_message_everywhere_and_the_sender_sends_it_again() {
-    let mut c = config("cut", 3);
+    cut_and_sent_again("cut", &[]);
+}
+
+#[test]
+fn a_view_change_in_the_middle_cuts_a_message_taken_in_place_alike() {
+    // The survivors differ: one stages fragments, one a reassembly buffer.
+    cut_and_sent_again("cut-in-place", &[1]);
+}
+
+/// Member 0 sends a 4 MB message and member 2 leaves half way: both
+/// survivors are told it was cut, and deliver it in the new view once it
+/// is sent again. The members in `in_place` take it fragment by fragment.
+fn cut_and_sent_again(test: &str, in_place: &'static [usize]) {
+    let mut c = config(test, 3);
     c.window_slots = 16;
     c.suspect_timeout = Duration::from_secs(30);
     let len = 4 << 20;
     let threads: Vec<_> = spawn_three(&c, move |mut group, mut app| {
         let rank = app.rank;
+        app.in_place = in_place.contains(&rank);
         let start = Instant::now();
         let live = |app: &Recorder| assert!(start.elapsed() < WAIT_MAX, "member {}: stuck", app.rank);
         match rank {

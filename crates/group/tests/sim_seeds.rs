@@ -36,6 +36,7 @@ fn two_thousand_seeds_hold_every_invariant() {
     let mut went_on = 0;
     let (mut persistent, mut persistent_went_on, mut persistent_delivered) = (0, 0, 0u64);
     let (mut large_runs, mut large_sent, mut large_cut) = (0, 0u64, 0u64);
+    let (mut in_place_runs, mut in_place_sent) = (0, 0u64);
     let (mut compacting_runs, mut compactions) = (0, 0u64);
     let mut restarts = Restarts::default();
     let mut failures = Vec::new();
@@ -58,6 +59,10 @@ fn two_thousand_seeds_hold_every_invariant() {
         large_runs += (r.plan.large_per_mille > 0) as u64;
         large_sent += r.large_sent;
         large_cut += r.large_cut;
+        if r.plan.large_per_mille > 0 && r.plan.large_in_place_members != 0 {
+            in_place_runs += 1;
+            in_place_sent += r.large_sent;
+        }
         compacting_runs += (r.plan.compact_log_bytes > 0) as u64;
         compactions += r.log_compactions;
         restarts.add(&r);
@@ -106,6 +111,13 @@ fn two_thousand_seeds_hold_every_invariant() {
     assert!(large_runs > CI_SEEDS / 10, "only {large_runs} runs with large messages");
     assert!(large_sent > large_runs * 5, "only {large_sent} large messages sent");
     assert!(large_cut > 0, "no large message was cut by a view change");
+    // Half of those runs have members that take them in place, fragment
+    // by fragment (their application checks the fragments continue each
+    // other and hands the checker the whole message).
+    assert!(
+        in_place_runs > large_runs / 4 && in_place_sent > in_place_runs * 5,
+        "only {in_place_runs} of {large_runs} runs with large messages took them in place ({in_place_sent} sent)"
+    );
     // Half the persistent plans compact their logs; every compaction is
     // checked (its snapshot holds exactly the deliveries before it, and
     // everything delivered after it is in the log).

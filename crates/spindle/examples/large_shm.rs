@@ -3,7 +3,9 @@
 //! fragments); members 1 and 2 keep multicasting small messages
 //! meanwhile. Every member delivers each 4 MiB message whole, as one
 //! payload, at the same place in one total order, with small messages
-//! delivered around it.
+//! delivered around it. Member 2 takes each one in place, fragment by
+//! fragment where it lies in member 0's ring (no reassembly copy), and
+//! puts it together itself.
 //!
 //! ```sh
 //! cargo run --release -p spindle --example large_shm
@@ -11,7 +13,7 @@
 
 use std::time::Duration;
 
-use spindle::{Delivery, Group, Upcalls};
+use spindle::{Delivery, FragmentDelivery, Group, Upcalls};
 
 const LARGE_BYTES: usize = 4 << 20;
 const LARGE_COUNT: u8 = 3;
@@ -25,6 +27,9 @@ struct Received {
     order: Vec<(usize, usize, u8)>,
     large: u8,
     ends: u8,
+    /// Take large messages in place; the bytes staged so far.
+    in_place: bool,
+    staged: Vec<u8>,
 }
 
 fn large_message(k: u8) -> Vec<u8> {
@@ -32,6 +37,20 @@ fn large_message(k: u8) -> Vec<u8> {
 }
 
 impl Upcalls for Received {
+    fn takes_fragments(&self) -> bool {
+        self.in_place
+    }
+    fn deliver_fragment(&mut self, f: &FragmentDelivery<'_>) {
+        // In order, each once: stage it (a real application might hash
+        // it or write it out instead).
+        assert_eq!(self.staged.len() as u64, f.offset);
+        self.staged.extend_from_slice(f.data);
+        if f.is_last() {
+            // Delivered with its last fragment, in its place in the order.
+            let whole = std::mem::take(&mut self.staged);
+            self.deliver(&f.whole(&whole));
+        }
+    }
     fn deliver(&mut self, d: &Delivery<'_>) {
         if d.payload.len() == LARGE_BYTES {
             let k = d.payload[0];
@@ -56,7 +75,10 @@ fn member(rank: usize, name: &str) -> Result<Received, spindle::Error> {
     let mut group = Group::builder(name)
         .members(3)
         .rank(rank)
-        .app(Received::default())
+        .app(Received {
+            in_place: rank == 2,
+            ..Received::default()
+        })
         .join()?;
     if rank == 0 {
         for k in 0..LARGE_COUNT {

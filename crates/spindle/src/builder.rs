@@ -80,6 +80,32 @@ impl GroupBuilder<Callbacks> {
         self
     }
 
+    /// Take each message larger than the slot fragment by fragment, in
+    /// place, with `f` instead of whole with `on_deliver`: no reassembly
+    /// buffer is written, so its bytes are read once, where the transport
+    /// put them (see `docs/large-messages.md`). The fragments come in
+    /// total order; the
+    /// message is delivered with its last
+    /// ([`crate::FragmentDelivery::is_last`]), and until then they are
+    /// staged: [`GroupBuilder::on_large_message_cut`] says when to drop
+    /// them. Messages that fit in a slot still go to `on_deliver`.
+    pub fn on_large_fragment(
+        mut self,
+        f: impl FnMut(&spindle_group::FragmentDelivery<'_>) + Send + 'static,
+    ) -> GroupBuilder {
+        self.app.large_fragment = Some(Box::new(f));
+        self
+    }
+
+    /// Call `f(view, sender_rank, message_id, len_bytes)` when a large
+    /// message is delivered nowhere (a view change cut it, or its sender
+    /// dropped its [`crate::LargeSend`] half way): drop its staged
+    /// fragments; a sender sends it again.
+    pub fn on_large_message_cut(mut self, f: impl FnMut(u64, usize, u64, u64) + Send + 'static) -> GroupBuilder {
+        self.app.large_cut = Some(Box::new(f));
+        self
+    }
+
     /// Call `f` with every view this member installs (the first view
     /// too): after the old view's last delivery, before the new view's
     /// first.

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use spindle_fabric::doorbell::Doorbell;
-use spindle_group::{Delivery, Sender, Upcalls, View};
+use spindle_group::{Delivery, FragmentDelivery, Sender, Upcalls, View};
 use spindle_runtime::{Agent, AgentRunner, ThreadingMode};
 
 use crate::builder::GroupBuilder;
@@ -17,6 +17,13 @@ pub type DeliverFn = Box<dyn FnMut(&Delivery<'_>) + Send>;
 pub type ViewChangeFn = Box<dyn FnMut(&View) + Send>;
 /// A query-answering closure, boxed (see [`Callbacks::with_query`]).
 pub type QueryFn = Box<dyn FnMut(&[u8], &mut Vec<u8>) -> Result<(), String> + Send>;
+/// A closure taking large messages fragment by fragment, boxed (see
+/// [`GroupBuilder::on_large_fragment`]).
+pub type FragmentFn = Box<dyn FnMut(&FragmentDelivery<'_>) + Send>;
+/// A closure told of a large message delivered nowhere, boxed (see
+/// [`GroupBuilder::on_large_message_cut`]): `(view, sender_rank,
+/// message_id, len_bytes)`.
+pub type LargeCutFn = Box<dyn FnMut(u64, usize, u64, u64) + Send>;
 
 /// The application a builder makes from `on_deliver` / `on_view_change`
 /// (either may be absent: a member that only sends).
@@ -25,6 +32,8 @@ pub struct Callbacks {
     pub(crate) deliver: Option<DeliverFn>,
     pub(crate) view_change: Option<ViewChangeFn>,
     pub(crate) query: Option<QueryFn>,
+    pub(crate) large_fragment: Option<FragmentFn>,
+    pub(crate) large_cut: Option<LargeCutFn>,
 }
 
 impl Callbacks {
@@ -33,8 +42,7 @@ impl Callbacks {
     pub fn delivering(f: impl FnMut(&Delivery<'_>) + Send + 'static) -> Callbacks {
         Callbacks {
             deliver: Some(Box::new(f)),
-            view_change: None,
-            query: None,
+            ..Callbacks::default()
         }
     }
 
@@ -66,6 +74,20 @@ impl Upcalls for Callbacks {
     fn view_installed(&mut self, view: &View) {
         if let Some(f) = &mut self.view_change {
             f(view)
+        }
+    }
+    fn takes_fragments(&self) -> bool {
+        self.large_fragment.is_some()
+    }
+    #[inline]
+    fn deliver_fragment(&mut self, fragment: &FragmentDelivery<'_>) {
+        if let Some(f) = &mut self.large_fragment {
+            f(fragment)
+        }
+    }
+    fn large_message_cut(&mut self, view: u64, sender_rank: usize, message_id: u64, len_bytes: u64) {
+        if let Some(f) = &mut self.large_cut {
+            f(view, sender_rank, message_id, len_bytes)
         }
     }
     fn query(&mut self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), String> {

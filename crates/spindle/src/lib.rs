@@ -117,8 +117,8 @@ pub use spindle_group::subgroup::{Layout, LayoutFunction, StickyLayout, Subgroup
 /// Persistent mode's on-disk log: its layout, and reading a log back.
 pub use spindle_group::persist;
 pub use spindle_group::{
-    Delivery, DeliveryMode, GroupError, LargeSend, QueryError, Replicated, SendBatch, SendError, SendSlot, SenderSet,
-    StateMachine, Upcalls, View,
+    Delivery, DeliveryMode, FragmentDelivery, GroupError, LargeSend, QueryError, Replicated, SendBatch, SendError,
+    SendSlot, SenderSet, StateMachine, Upcalls, View,
 };
 pub use spindle_runtime::IdleStrategy;
 

@@ -348,3 +348,68 @@ fn tcp_large_messages_arrive_whole_and_a_persistent_restart_replays_them() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A member built with `on_large_fragment` takes a large message fragment
+/// by fragment, in place, over tcp: the fragments continue each other
+/// and make the message sent; `on_deliver` sees only the small messages.
+#[test]
+fn tcp_large_messages_taken_in_place_through_the_builder() {
+    let name = unique("b-large-in-place");
+    let addresses = loopback_addresses(2);
+    let large: Vec<u8> = (0..300_000u32).map(|i| (i * 13 + i / 777) as u8).collect();
+    type Staged = Arc<Mutex<(Vec<u8>, Vec<Vec<u8>>, usize)>>;
+    std::thread::scope(|s| {
+        let joins: Vec<_> = (0..2usize)
+            .map(|rank| {
+                let (addresses, large, name) = (addresses.clone(), &large, &name);
+                s.spawn(move || {
+                    // (staged bytes, whole messages put together, small deliveries)
+                    let staged: Staged = Arc::default();
+                    let (in_fragments, in_delivery, cuts) =
+                        (staged.clone(), staged.clone(), Arc::new(Mutex::new(0u32)));
+                    let cut_count = cuts.clone();
+                    let mut group = Group::builder(name)
+                        .rank(rank)
+                        .transport(Transport::Tcp(TcpTransport::new(addresses, vec![5u8; 32])))
+                        .on_large_fragment(move |f| {
+                            let mut st = in_fragments.lock().expect("lock");
+                            assert_eq!(st.0.len() as u64, f.offset, "no gaps: fragments in order");
+                            st.0.extend_from_slice(f.data);
+                            if f.is_last() {
+                                let whole = std::mem::take(&mut st.0);
+                                st.1.push(whole);
+                            }
+                        })
+                        .on_large_message_cut(move |_, _, _, _| *cut_count.lock().expect("lock") += 1)
+                        .on_deliver(move |d| {
+                            assert!(d.payload.len() < 1000, "a large message went to on_deliver");
+                            in_delivery.lock().expect("lock").2 += 1;
+                        })
+                        .join()
+                        .expect("join");
+                    if rank == 0 {
+                        group.send_large(large).expect("send_large");
+                    }
+                    group.send(&[rank as u8]).expect("send");
+                    let done = |st: &Staged| {
+                        let st = st.lock().expect("lock");
+                        st.1.len() == 1 && st.2 == 2
+                    };
+                    group
+                        .run_until(Duration::from_secs(30), |_| done(&staged))
+                        .expect("deliver");
+                    group.finish_together(Duration::from_secs(30)).expect("finish");
+                    assert_eq!(*cuts.lock().expect("lock"), 0, "nothing cut");
+                    let st = staged.lock().expect("lock");
+                    assert!(
+                        st.1[0] == *large,
+                        "member {rank}: the message, whole, from its fragments"
+                    );
+                })
+            })
+            .collect();
+        for j in joins {
+            j.join().expect("member thread");
+        }
+    });
+}

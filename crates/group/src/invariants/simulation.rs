@@ -234,6 +234,12 @@ pub struct SimPlan {
     /// ones; see [`crate::large`]). Drawn for a third of the plans whose
     /// slots can carry fragments.
     pub large_per_mille: u64,
+    /// The members (a bit per rank) whose application takes large
+    /// messages fragment by fragment, in place (`Upcalls::takes_fragments`);
+    /// it puts them together itself and checks that they continue each
+    /// other. Drawn, from its own stream, for half the plans with large
+    /// messages.
+    pub large_in_place_members: u64,
     /// Subgroups the members are laid out into at every view (drawn from
     /// their own stream; see [`check_subgroup_layouts`]).
     pub subgroups: Vec<crate::subgroup::SubgroupSpec>,
@@ -259,6 +265,8 @@ const PERSIST_STREAM: u64 = 0x5045_5253;
 const COMPACT_STREAM: u64 = 0x434D_5054;
 /// Large messages' draws (their own stream, like persistent mode's).
 const LARGE_STREAM: u64 = 0x4C52_4745;
+/// Which members take large messages in place (their own stream).
+const IN_PLACE_STREAM: u64 = 0x494E_504C;
 /// Subgroup layouts' draws (their own stream, like the above).
 const SUBGROUP_STREAM: u64 = 0x5347_5250;
 /// A total failure's draws (when; each disk's torn tail; the new world).
@@ -326,6 +334,7 @@ impl SimPlan {
             sync_per_mille: 0,
             compact_log_bytes: 0,
             large_per_mille: 0,
+            large_in_place_members: 0,
             subgroups: Vec::new(),
             restart_at: None,
             restart_disk_lies: false,
@@ -351,6 +360,11 @@ impl SimPlan {
         let mut large_rng = SimRng::new(spec.seed).fork(LARGE_STREAM);
         if plan.slot_payload_max >= crate::large::FRAGMENT_HEADER_BYTES + 8 && large_rng.chance(333) {
             plan.large_per_mille = large_rng.range(20, 300);
+            let mut in_place_rng = SimRng::new(spec.seed).fork(IN_PLACE_STREAM);
+            if in_place_rng.chance(500) {
+                // Some members or all of them: a view mixes both kinds.
+                plan.large_in_place_members = in_place_rng.next_u64() | in_place_rng.range(0, 2).wrapping_neg();
+            }
         }
         plan.subgroups = draw_subgroups(&mut SimRng::new(spec.seed).fork(SUBGROUP_STREAM), n);
         if class != FaultClass::None {
@@ -447,7 +461,7 @@ impl SimPlan {
         format!(
             "senders={} mode={} window_slots={} slot_payload_max={} batching={} send={}‰ burst≤{} abandon={}‰ reserve_batch={} tick≤{}ns \
              delay≤{}ns split≤{} slow_links={:?} speed‰={:?} detect_timeout={}ns suspect_timeout={}ns crash={:?} \
-             partition={:?} joiner={:?} leaver={:?} pause={:?} large={}‰ subgroups={:?} compact_log_bytes={} restart_at={:?}",
+             partition={:?} joiner={:?} leaver={:?} pause={:?} large={}‰ in_place={:#x} subgroups={:?} compact_log_bytes={} restart_at={:?}",
             self.senders.as_str(),
             self.mode.as_str(),
             self.window_slots,
@@ -470,6 +484,7 @@ impl SimPlan {
             self.leaver,
             self.pause,
             self.large_per_mille,
+            self.large_in_place_members,
             self.subgroups
                 .iter()
                 .map(|g| format!("{}:{}x{}{}", g.name, g.shards, g.members_per_shard, if g.overlapping { "+" } else { "" }))
@@ -776,9 +791,73 @@ struct SimApp {
     /// views before it are part of the replayed history (the app counts
     /// no message of its own as cut there: those are another epoch's).
     history_below_view: u64,
+    /// It takes large messages in place (`Upcalls::takes_fragments`):
+    /// per sender rank, the message it is putting together from the
+    /// fragments handed over (its id and bytes), so that the whole
+    /// message goes to the checker as a whole delivery would.
+    in_place: Option<Vec<Staged>>,
+}
+
+/// A large message being put together from fragments handed over in
+/// place: its id and bytes so far.
+type Staged = Option<(u64, Vec<u8>)>;
+
+impl SimApp {
+    fn new(rank: usize, inbox: &Inbox, own_cuts: &OwnCuts, first_view: u64, in_place: bool) -> SimApp {
+        SimApp {
+            rank,
+            inbox: Arc::clone(inbox),
+            own_cuts: Arc::clone(own_cuts),
+            delivered: 0,
+            history_below_view: first_view,
+            in_place: in_place.then(|| vec![None; spindle_fabric::MEMBERS_MAX]),
+        }
+    }
 }
 
 impl crate::Upcalls for SimApp {
+    fn takes_fragments(&self) -> bool {
+        self.in_place.is_some()
+    }
+    fn deliver_fragment(&mut self, f: &crate::FragmentDelivery<'_>) {
+        let staged = self
+            .in_place
+            .as_mut()
+            .expect("handed fragments only when it takes them");
+        let slot = &mut staged[f.sender_rank];
+        if f.offset == 0 {
+            assert!(
+                slot.is_none(),
+                "virtual synchrony: member {} was handed a new large message of {} while message {} was neither delivered nor cut",
+                self.rank,
+                f.sender_rank,
+                slot.as_ref().map_or(0, |(id, _)| *id)
+            );
+            *slot = Some((f.message_id, Vec::with_capacity(f.total_len as usize)));
+        }
+        let Some((id, bytes)) = slot.as_mut() else {
+            panic!(
+                "no gaps: member {} was handed bytes {}.. of large message {} of {} without its start",
+                self.rank, f.offset, f.message_id, f.sender_rank
+            );
+        };
+        assert!(
+            *id == f.message_id && bytes.len() as u64 == f.offset && f.offset + f.data.len() as u64 <= f.total_len,
+            "no gaps: member {} was handed bytes {}..+{} of large message {} of {}, after {} bytes of message {}",
+            self.rank,
+            f.offset,
+            f.data.len(),
+            f.message_id,
+            f.sender_rank,
+            bytes.len(),
+            id
+        );
+        bytes.extend_from_slice(f.data);
+        if f.is_last() {
+            let (_, whole) = slot.take().expect("staged above");
+            self.deliver(&f.whole(&whole));
+        }
+    }
     fn deliver(&mut self, d: &crate::Delivery<'_>) {
         self.delivered += 1;
         self.inbox.lock().expect("inbox").push(Delivered {
@@ -792,6 +871,13 @@ impl crate::Upcalls for SimApp {
         });
     }
     fn large_message_cut(&mut self, view: u64, sender_rank: usize, message_id: u64, _len_bytes: u64) {
+        if let Some(staged) = self.in_place.as_mut() {
+            // What was staged of it is dropped (it may have had no
+            // fragment here: a cut is said for the message as begun).
+            if staged[sender_rank].as_ref().is_some_and(|(id, _)| *id == message_id) {
+                staged[sender_rank] = None;
+            }
+        }
         if sender_rank == self.rank && view >= self.history_below_view {
             self.own_cuts.lock().expect("own cuts").push(message_id);
         }
@@ -915,7 +1001,8 @@ impl Cluster {
             }
             .map_err(|e| e.to_string())?;
             senders[rank] = group.sender();
-            agents[rank] = Some(Self::agent(group, &inboxes[rank], &own_cuts[rank]));
+            let in_place = plan.large_in_place_members >> rank & 1 == 1;
+            agents[rank] = Some(Self::agent(group, &inboxes[rank], &own_cuts[rank], in_place));
             ends[rank] = MemberEnd::Running;
         }
         if let Some(CrashPlan {
@@ -982,8 +1069,8 @@ impl Cluster {
     }
 
     /// A member's group with a delivery handler that fills its inbox.
-    fn agent(group: Group<SimFabric>, inbox: &Inbox, own_cuts: &OwnCuts) -> GroupAgent<SimFabric> {
-        Self::agent_after(group, inbox, own_cuts, 0)
+    fn agent(group: Group<SimFabric>, inbox: &Inbox, own_cuts: &OwnCuts, in_place: bool) -> GroupAgent<SimFabric> {
+        Self::agent_after(group, inbox, own_cuts, 0, in_place)
     }
 
     /// [`Cluster::agent`] for a member restarted into view `first_view`.
@@ -992,14 +1079,9 @@ impl Cluster {
         inbox: &Inbox,
         own_cuts: &OwnCuts,
         first_view: u64,
+        in_place: bool,
     ) -> GroupAgent<SimFabric> {
-        let app = SimApp {
-            rank: group.my_rank(),
-            inbox: Arc::clone(inbox),
-            own_cuts: Arc::clone(own_cuts),
-            delivered: 0,
-            history_below_view: first_view,
-        };
+        let app = SimApp::new(group.my_rank(), inbox, own_cuts, first_view, in_place);
         GroupAgent::new(group, app)
     }
 
@@ -1142,7 +1224,9 @@ impl Cluster {
                 match joined {
                     Ok(group) => {
                         self.senders[rank] = group.sender();
-                        self.agents[rank] = Some(Self::agent(group, &self.inboxes[rank], &self.own_cuts[rank]));
+                        let in_place = self.plan.large_in_place_members >> rank & 1 == 1;
+                        self.agents[rank] =
+                            Some(Self::agent(group, &self.inboxes[rank], &self.own_cuts[rank], in_place));
                         self.ends[rank] = MemberEnd::Running;
                     }
                     Err(e) => self.ends[rank] = MemberEnd::Stopped(format!("could not start joining: {e}")),

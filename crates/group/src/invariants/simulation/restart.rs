@@ -320,6 +320,7 @@ impl Cluster {
                 &self.inboxes[m],
                 &self.own_cuts[m],
                 first_view,
+                self.plan.large_in_place_members >> m & 1 == 1,
             ));
             self.ends[m] = MemberEnd::Running;
         }
