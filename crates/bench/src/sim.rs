@@ -162,6 +162,9 @@ struct Tally {
     restart_snapshots_restored: u64,
     restart_torn_tails_dropped: u64,
     restart_members_excluded: u64,
+    restart_members_rejoined: u64,
+    /// Of those, the ones admitted that delivered in the restarted group.
+    restart_rejoined_delivered: u64,
     /// Subgroup layouts checked (member × view) and inadequate views.
     layouts_checked: u64,
     layouts_inadequate: u64,
@@ -196,6 +199,17 @@ impl Tally {
             self.restart_snapshots_restored += r.snapshots_restored;
             self.restart_torn_tails_dropped += r.torn_tails_dropped;
             self.restart_members_excluded += r.excluded.len() as u64;
+            self.restart_members_rejoined += r.rejoined.len() as u64;
+            self.restart_rejoined_delivered += r
+                .rejoined
+                .iter()
+                .filter(|m| {
+                    report
+                        .logs
+                        .get(m)
+                        .is_some_and(|l| l.iter().any(|e| e.view > r.first_view))
+                })
+                .count() as u64;
         }
         self.layouts_checked += report.layouts_checked;
         self.layouts_inadequate += report.layouts_inadequate;
@@ -256,12 +270,15 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     );
     println!(
         "total failures (every member killed, restarted from its log): {} runs; {} messages delivered before them, \
-         each found in every restarted member's history; {} snapshots restored, {} torn log tails dropped, {} members left out",
+         each found in every restarted member's history; {} snapshots restored, {} torn log tails dropped, {} members left out \
+         ({} joined the restarted group afresh, {} of them admitted and delivering)",
         tally.restarts,
         tally.restart_delivered_before,
         tally.restart_snapshots_restored,
         tally.restart_torn_tails_dropped,
-        tally.restart_members_excluded
+        tally.restart_members_excluded,
+        tally.restart_members_rejoined,
+        tally.restart_rejoined_delivered
     );
     println!("{} seeds, {} violations", tally.seeds, tally.failures.len());
     if !tally.failures.is_empty() {
@@ -305,13 +322,14 @@ fn print_outcome(report: &SimReport) {
     );
     if let Some(r) = &report.restart {
         println!(
-            "  total failure at step {}: restarted in view {} with members {:?} ({} left out: {:?}); \
+            "  total failure at step {}: restarted in view {} with members {:?} ({} left out: {:?}; joined afresh: {:?}); \
              {} messages delivered before it, all in the rebuilt history of {} messages",
             r.at_step,
             r.first_view,
             r.members,
             r.excluded.len(),
             r.excluded,
+            r.rejoined,
             r.delivered_before,
             r.history_messages
         );
@@ -369,6 +387,8 @@ fn write_json(path: &std::path::Path, args: &SimArgs, v: &Validated, t: &Tally, 
         "restart_snapshots_restored": t.restart_snapshots_restored,
         "restart_torn_tails_dropped": t.restart_torn_tails_dropped,
         "restart_members_excluded": t.restart_members_excluded,
+        "restart_members_rejoined_afresh": t.restart_members_rejoined,
+        "restart_rejoined_members_delivering": t.restart_rejoined_delivered,
         "subgroup_layouts_checked": t.layouts_checked,
         "subgroup_views_inadequate": t.layouts_inadequate,
         "steps": t.steps,

@@ -210,6 +210,19 @@ impl<F: Fabric> GroupCore<F> {
         GroupCore::build(fabric, config, layout, true, 0)
     }
 
+    /// A member that a restart after a total failure left out, asking to
+    /// join the group restarted in `first_view` (whose first view may
+    /// have no sender, as the group before the failure may have had
+    /// none: see `GroupConfig::validate_for`).
+    pub fn new_joiner_of_restarted(
+        fabric: Arc<F>,
+        config: &GroupConfig,
+        layout: SmcLayout,
+        first_view: u64,
+    ) -> Result<GroupCore<F>, GroupError> {
+        GroupCore::build(fabric, config, layout, true, first_view)
+    }
+
     fn build(
         fabric: Arc<F>,
         config: &GroupConfig,

@@ -138,13 +138,28 @@ impl<F: Fabric> Group<F> {
         let mut restarted = None;
         let mut core = match plan {
             None => GroupCore::new(fabric, &config, layout)?,
+            Some(plan) if plan.excluded(rank, &summary).is_some() => {
+                // It cannot rebuild the state: its log is set aside (kept,
+                // renamed) and it joins the restarted group afresh, with
+                // an empty log and the state a member sends it.
+                let why = plan.excluded(rank, &summary).expect("matched");
+                let label = format!("set-aside-at-view-{}", plan.first_view);
+                let (fresh, aside) = log.set_aside(rank, &label)?;
+                log = fresh;
+                let kept = aside.map_or(String::new(), |p| {
+                    format!("its log was set aside as {}, and ", p.display())
+                });
+                restarted = Some(format!(
+                    "spindle: member {rank}: does not take part in the restart after a total failure ({why}); \
+                     {kept}it joins the restarted group (view {} on, members {:?}) with an empty log, \
+                     from the state a member sends it",
+                    plan.first_view,
+                    spindle_fabric::PeerSet(plan.members).iter().collect::<Vec<_>>()
+                ));
+                config.initial_members = Some(spindle_fabric::PeerSet(plan.members).iter().collect());
+                GroupCore::new_joiner_of_restarted(fabric, &config, layout, plan.first_view)?
+            }
             Some(plan) => {
-                if let Some(why) = plan.excluded(rank, &summary) {
-                    return Err(GroupError::Persist {
-                        rank,
-                        reason: format!("restart after a total failure: member {rank} does not take part: {why}"),
-                    });
-                }
                 let replay = restart::seal(&mut log, recovered, &summary, &plan)
                     .map_err(|reason| GroupError::Persist { rank, reason })?;
                 let from_snapshot = match &replay.snapshot {
@@ -212,23 +227,32 @@ impl<F: Fabric> Group<F> {
         app: &mut U,
     ) -> Result<Group<F>, GroupError> {
         config.validate()?;
-        let rank = fabric.member_rank();
         let mut group = Group::start_join(fabric, config)?;
+        group.wait_admitted(app)?;
+        Ok(group)
+    }
+
+    /// Poll until this member, joining, is admitted to a view (at most the
+    /// join timeout): after [`Group::start_join`], or after a
+    /// [`Group::join`] of a persistent member that a restart left out
+    /// (its log set aside, it joins afresh). Returns at once for a member
+    /// that is not joining.
+    pub fn wait_admitted<U: Upcalls + ?Sized>(&mut self, app: &mut U) -> Result<(), GroupError> {
         let started = Instant::now();
-        while group.core.is_joining() {
-            group.poll_or_idle(app)?;
-            if started.elapsed() > group.config.join_timeout {
+        while self.core.is_joining() {
+            self.poll_or_idle(app)?;
+            if started.elapsed() > self.config.join_timeout {
                 return Err(GroupError::JoinFailed {
-                    rank,
-                    group: group.config.name.clone(),
+                    rank: self.core.my_rank(),
+                    group: self.config.name.clone(),
                     reason: format!(
                         "not admitted within {} ms (is a majority of the group running?)",
-                        group.config.join_timeout.as_millis()
+                        self.config.join_timeout.as_millis()
                     ),
                 });
             }
         }
-        Ok(group)
+        Ok(())
     }
 
     /// A sending handle, if this member is a sender.
@@ -306,15 +330,18 @@ impl<F: Fabric> Group<F> {
         let log = match open_log(&fabric, &config)? {
             Some((log, recovered)) if recovered.records.is_empty() => Some(log),
             Some((log, recovered)) => {
-                return Err(GroupError::Persist {
-                    rank,
-                    reason: format!(
-                        "log {} holds {} records of an earlier run: a joiner starts with an empty log \
-                         (it gets the state from the group); move it away, or restart the whole group from the logs",
-                        log.path().map(|p| p.display().to_string()).unwrap_or_default(),
-                        recovered.records.len()
-                    ),
-                })
+                // A joiner starts with an empty log (it gets the state
+                // from the group): an earlier run's log is set aside,
+                // renamed and kept, never deleted.
+                let path = log.path().map(|p| p.display().to_string()).unwrap_or_default();
+                let (fresh, aside) = log.set_aside(rank, "set-aside-at-join")?;
+                tracing_line(&format!(
+                    "spindle: member {rank}: log {path} held {} records of an earlier run; a joiner starts with an \
+                     empty log and the state the group sends it: the old log is kept as {}",
+                    recovered.records.len(),
+                    aside.map(|p| p.display().to_string()).unwrap_or_default()
+                ));
+                Some(fresh)
             }
             None => None,
         };

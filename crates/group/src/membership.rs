@@ -896,7 +896,22 @@ impl<F: Fabric> GroupCore<F> {
         provider: usize,
         up: &mut U,
     ) -> Result<u32, GroupError> {
-        if self.p_load(provider, P_SNAPSHOT_VIEW) != view + 1 {
+        // The snapshot is written once per view, by the lowest old member
+        // that stays, and tagged with the view. A joiner admitted beside
+        // others may not know them all (it learns the joiners from a
+        // proposal line that may have moved on), so it may have taken
+        // another joiner for the provider: any member of the view whose
+        // row carries the tag is the provider.
+        let tagged = |r: usize| self.p_load(r, P_SNAPSHOT_VIEW) == view + 1;
+        let found = if tagged(provider) {
+            Some(provider)
+        } else {
+            self.view_members
+                .iter()
+                .copied()
+                .find(|&r| r != self.my_rank && tagged(r))
+        };
+        let Some(provider) = found else {
             if self.fabric.lost_peers().contains(provider) {
                 return Err(GroupError::StateTransfer {
                     rank: self.my_rank,
@@ -904,7 +919,7 @@ impl<F: Fabric> GroupCore<F> {
                 });
             }
             return Ok(0);
-        }
+        };
         let off = self.layout.snapshot.offset();
         let row = self.row(provider);
         let len = row.u64_at(off).load(Ordering::Relaxed) as usize;

@@ -1217,6 +1217,76 @@ impl PersistLog {
             Backend::Memory { .. } => None,
         }
     }
+
+    /// Set this log aside and go on with an empty one at the same place
+    /// (a restart that leaves member `rank` out: it joins the restarted
+    /// group afresh). Nothing is deleted: the file, and its snapshot file
+    /// if any, are renamed to `<log>.<label>` (`<label>.1`, `.2`, … when
+    /// that is taken), which is returned. A log in memory (the simulator)
+    /// is replaced by an empty one.
+    pub fn set_aside(mut self, rank: usize, label: &str) -> Result<(PersistLog, Option<PathBuf>), PersistError> {
+        let Backend::File { shared, thread } = &mut self.backend else {
+            return Ok((PersistLog::memory(), None));
+        };
+        if let Ok(mut p) = shared.pending.lock() {
+            p.stop = true;
+            shared.work.notify_one();
+        }
+        if let Some(t) = thread.take() {
+            let _ = t.join();
+        }
+        let path = shared.path.clone();
+        let io = |what: &'static str| {
+            let path = path.clone();
+            move |source| PersistError::Io { path, what, source }
+        };
+        // The sync thread is gone, so this is the last handle on `shared`:
+        // take its wake-up (for the new log's sync thread) and close the
+        // file before renaming it.
+        let placeholder = Backend::Memory {
+            appended: Vec::new(),
+            durable_bytes: 0,
+            frontier: Frontier::default(),
+            durable: Frontier::default(),
+            compactions_done: 0,
+        };
+        let Backend::File { shared, .. } = std::mem::replace(&mut self.backend, placeholder) else {
+            unreachable!("matched above");
+        };
+        let shared = Arc::try_unwrap(shared).map_err(|_| PersistError::Format {
+            path: path.clone(),
+            reason: "the log is still in use elsewhere: it cannot be set aside".into(),
+        })?;
+        let Shared { wake, .. } = shared;
+        // Bounded: a thousand logs set aside under one label is a loop
+        // gone wrong, not a history.
+        let aside = (0..1000)
+            .map(|i| {
+                let suffix = if i == 0 {
+                    label.to_string()
+                } else {
+                    format!("{label}.{i}")
+                };
+                path.with_extension(format!("log.{suffix}"))
+            })
+            .find(|p| !p.exists() && !snapshot_path(p).exists())
+            .ok_or_else(|| PersistError::Format {
+                path: path.clone(),
+                reason: format!("a thousand logs were set aside as {label} already"),
+            })?;
+        let snapshot = snapshot_path(&path);
+        if snapshot.exists() {
+            std::fs::rename(&snapshot, snapshot_path(&aside)).map_err(io("set the snapshot file aside"))?;
+        }
+        std::fs::rename(&path, &aside).map_err(io("set the log aside"))?;
+        if let Some(dir) = path.parent() {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io("sync the log directory"))?;
+        }
+        let (log, _) = PersistLog::open(&path, rank, wake)?;
+        Ok((log, Some(aside)))
+    }
 }
 
 impl Drop for PersistLog {
@@ -1704,6 +1774,44 @@ mod tests {
         let rec = recover(&path).unwrap();
         assert!(rec.dropped.is_none());
         assert_eq!(rec.history().last().unwrap().payload, b"again");
+    }
+
+    #[test]
+    fn a_log_set_aside_is_kept_renamed_and_an_empty_one_goes_on_in_its_place() {
+        let dir = tmp("aside");
+        let path = log_path(&dir, "g", 1);
+        let woken = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let wake = {
+            let woken = Arc::clone(&woken);
+            Box::new(move || {
+                woken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            })
+        };
+        let (mut log, _) = PersistLog::open(&path, 1, wake).unwrap();
+        log.stage_message(0, 0, SenderWord::new(1, 0, 1), b"old");
+        log.stage_frontier(0, 1);
+        log.commit();
+        wait_durable(&mut log, 0, 1);
+        let (mut fresh, aside) = log.set_aside(1, "set-aside-at-view-3").unwrap();
+        let aside = aside.expect("a file log is renamed");
+        assert_eq!(aside, path.with_extension("log.set-aside-at-view-3"));
+        // The old records are in the file set aside, none in the new log.
+        assert_eq!(recover(&aside).unwrap().history()[0].payload, b"old");
+        assert!(recover(&path).unwrap().records.is_empty());
+        // The new log works, with the old one's wake-up.
+        let before = woken.load(std::sync::atomic::Ordering::Relaxed);
+        fresh.stage_message(4, 0, SenderWord::new(1, 0, 1), b"new");
+        fresh.stage_frontier(4, 1);
+        fresh.commit();
+        wait_durable(&mut fresh, 4, 1);
+        assert!(woken.load(std::sync::atomic::Ordering::Relaxed) > before);
+        // A second one under the same label does not overwrite the first.
+        let (_, second) = fresh.set_aside(1, "set-aside-at-view-3").unwrap();
+        assert_eq!(second.unwrap(), path.with_extension("log.set-aside-at-view-3.1"));
+        assert_eq!(recover(&aside).unwrap().history()[0].payload, b"old");
+        // In memory: an empty log, nothing renamed.
+        let (memory, none) = PersistLog::memory().set_aside(0, "x").unwrap();
+        assert!(none.is_none() && memory.path().is_none());
     }
 
     #[test]

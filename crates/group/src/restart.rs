@@ -31,8 +31,9 @@
 //! history to the application (as deliveries, before anything new) and
 //! the group goes on in view `L + 1` with the members that could rebuild
 //! the state. A member that cannot (removed before the failure, joined
-//! late, lost its log) stops with an error that says why: it can join the
-//! running group again with an empty log.
+//! late, lost its log) says why, sets its log aside (renamed, kept) and
+//! joins the restarted group afresh with an empty log: it is admitted in
+//! a later view and gets the state from a member, like any joiner.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -72,21 +73,18 @@ impl RestartPlan {
         Some(if self.last_members & (1 << rank) == 0 {
             format!(
                 "its log ends in view {} but the group went on to view {} without it (members {:?}): \
-                 it cannot rebuild the group's state from its log; move the log away and join the running group",
+                 it cannot rebuild the group's state from its log",
                 s.last_view,
                 self.last_view,
                 PeerSet(self.last_members).iter().collect::<Vec<_>>()
             )
         } else if s.records == 0 {
             format!(
-                "its log is empty but it was a member of the last view {}: its history is gone; \
-                 join the running group with the empty log",
+                "its log is empty but it was a member of the last view {}: its history is gone",
                 self.last_view
             )
         } else if s.joined {
-            "it joined a running group, so its log lacks the history before that; \
-             move the log away and join the running group"
-                .to_string()
+            "it joined a running group, so its log lacks the history before that".to_string()
         } else {
             format!(
                 "its log ends in view {}, more than one view before the last view {}",

@@ -149,6 +149,10 @@ struct Restarts {
     snapshots_restored: u64,
     torn_tails_dropped: u64,
     members_excluded: u64,
+    /// Members left out that joined the restarted group afresh, and
+    /// those of them that were admitted and delivered there.
+    members_rejoined: u64,
+    rejoined_delivered: u64,
     /// Restarted groups that delivered new messages after the restart.
     went_on: u64,
 }
@@ -163,6 +167,12 @@ impl Restarts {
         self.snapshots_restored += t.snapshots_restored;
         self.torn_tails_dropped += t.torn_tails_dropped;
         self.members_excluded += t.excluded.len() as u64;
+        self.members_rejoined += t.rejoined.len() as u64;
+        self.rejoined_delivered += t
+            .rejoined
+            .iter()
+            .filter(|m| r.logs[m].iter().any(|e| e.view > t.first_view))
+            .count() as u64;
         self.went_on += r
             .logs
             .values()
@@ -180,6 +190,7 @@ impl Restarts {
         assert!(self.history_messages >= self.delivered_before / 2, "{self:?}");
         assert!(self.snapshots_restored > 0 && self.torn_tails_dropped > 0, "{self:?}");
         assert!(self.members_excluded > 0, "{self:?}");
+        assert!(self.members_rejoined > 0 && self.rejoined_delivered > 0, "{self:?}");
         assert!(self.went_on > self.runs / 4, "{self:?}");
     }
 }

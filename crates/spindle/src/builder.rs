@@ -292,7 +292,12 @@ impl<A: Upcalls> GroupBuilder<A> {
         let inner = if joining {
             spindle_group::Group::join_running(fabric, self.config, &mut self.app)?
         } else {
-            spindle_group::Group::join(fabric, self.config)?
+            let mut inner = spindle_group::Group::join(fabric, self.config)?;
+            // A persistent member that a restart after a total failure
+            // left out joins the restarted group afresh: wait until it
+            // is admitted (its application gets the state first).
+            inner.wait_admitted(&mut self.app)?;
+            inner
         };
         Ok(Group::new(inner, self.app))
     }

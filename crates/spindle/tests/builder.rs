@@ -413,3 +413,98 @@ fn tcp_large_messages_taken_in_place_through_the_builder() {
         }
     });
 }
+
+/// Poll `group` until `done(group)` holds (a liveness bound, not a speed
+/// bound: 30 s).
+fn poll_until<A: Upcalls>(group: &mut Group<A>, what: &str, done: impl Fn(&Group<A>) -> bool) {
+    let started = std::time::Instant::now();
+    while !done(group) {
+        group.poll_or_idle().expect("poll");
+        assert!(started.elapsed() < Duration::from_secs(30), "never: {what}");
+    }
+}
+
+/// A restart after the group went on without a member: the two members
+/// of the last view restart from their logs; the third, started again
+/// with the same configuration, sets its log aside (kept, renamed) and
+/// joins the restarted group afresh, then delivers with the others.
+#[test]
+fn tcp_a_member_left_out_of_a_restart_joins_the_restarted_group_afresh() {
+    let name = unique("b-rejoin");
+    let dir = std::env::temp_dir().join(&name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let addresses = loopback_addresses(3);
+    let member = |rank: usize| {
+        Group::builder(&name)
+            .rank(rank)
+            .transport(Transport::Tcp(TcpTransport::new(addresses.clone(), vec![4u8; 32])))
+            .mode(spindle::DeliveryMode::Persistent)
+            .persist_dir(&dir)
+            .app(Recorded::default())
+    };
+    // Run 1: three messages in view 0; member 2 leaves; two more in view 1.
+    std::thread::scope(|s| {
+        for rank in 0..3usize {
+            let member = &member;
+            s.spawn(move || {
+                let mut group = member(rank).join().expect("join");
+                group.send(&[1, rank as u8]).expect("send");
+                group
+                    .run_until(Duration::from_secs(30), |r| r.0.len() == 3)
+                    .expect("view 0's messages");
+                if rank == 2 {
+                    group.leave(Duration::from_secs(30)).expect("leave");
+                    return;
+                }
+                poll_until(&mut group, "a view without member 2", |g| g.view().members == [0, 1]);
+                group.send(&[1, rank as u8, 1]).expect("send");
+                group
+                    .run_until(Duration::from_secs(30), |r| r.0.len() == 5)
+                    .expect("view 1's messages");
+                group.finish_together(Duration::from_secs(30)).expect("finish");
+            });
+        }
+    });
+    // Run 2: all three again, the same configuration.
+    let delivered: Vec<Vec<(u64, u64, Vec<u8>)>> = std::thread::scope(|s| {
+        let joins: Vec<_> = (0..3usize)
+            .map(|rank| {
+                let member = &member;
+                s.spawn(move || {
+                    let mut group = member(rank).join().expect("restart or join afresh");
+                    poll_until(&mut group, "all three in one view", |g| g.view().members.len() == 3);
+                    group.send(&[2, rank as u8]).expect("send");
+                    let want = if rank == 2 { 3 } else { 8 };
+                    group
+                        .run_until(Duration::from_secs(30), |r| r.0.len() == want)
+                        .expect("run 2's messages");
+                    group.finish_together(Duration::from_secs(30)).expect("finish").0
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().expect("member thread")).collect()
+    });
+    // Members 0 and 1: the history of run 1, then run 2's messages.
+    assert_eq!(delivered[0], delivered[1], "one order");
+    assert_eq!(delivered[0].len(), 8);
+    assert!(delivered[0][..5].iter().all(|m| m.2[0] == 1), "the history first");
+    // Member 2: run 2's messages, in the same order, after its admission.
+    assert_eq!(
+        delivered[2][..],
+        delivered[0][5..],
+        "the joiner delivers what the others do"
+    );
+    let first_view = delivered[0][5].0;
+    assert!(
+        first_view >= 3,
+        "admitted after the restarted group's first view: {first_view}"
+    );
+    // Its old log was kept, renamed.
+    let kept = std::fs::read_dir(&dir)
+        .expect("the log directory")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("set-aside-at-view-"))
+        .count();
+    assert_eq!(kept, 1, "member 2's old log is kept beside the new one");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1660,13 +1660,16 @@ impl Cluster {
     /// sender still running at the end, whatever view changes came in
     /// between (what a ragged edge trimmed, its sender published again
     /// in the next view). A joiner delivers from the view it joined, so
-    /// it is not held to this.
+    /// it is not held to this; nor is a member that joined a restarted
+    /// group afresh.
     fn survivors_delivered_every_survivors_message(&self, members: &[usize]) -> Result<(), String> {
         let joiner = self.plan.joiner.map(|(j, _)| j);
-        for &m in members.iter().filter(|m| Some(**m) != joiner) {
+        let rejoined: &[usize] = self.restart.as_ref().map_or(&[], |r| &r.report.rejoined);
+        let ran_throughout = |m: &usize| Some(*m) != joiner && !rejoined.contains(m);
+        for &m in members.iter().filter(|m| ran_throughout(m)) {
             for &s in members
                 .iter()
-                .filter(|s| self.senders[**s].is_some() && Some(**s) != joiner)
+                .filter(|s| self.senders[**s].is_some() && ran_throughout(s))
             {
                 // After a restart: what it delivered in the restarted group.
                 let first_view = self.restart.as_ref().map_or(0, |r| r.report.first_view);
@@ -1722,7 +1725,8 @@ impl Cluster {
             .ends
             .iter()
             .all(|e| matches!(e, MemberEnd::Running | MemberEnd::NotStarted));
-        let static_run = all_running && self.plan.joiner.is_none() && !self.checker.membership_changed();
+        let rejoiners = self.restart.as_ref().is_some_and(|r| !r.report.rejoined.is_empty());
+        let static_run = all_running && self.plan.joiner.is_none() && !rejoiners && !self.checker.membership_changed();
         let expected: Option<BTreeMap<usize, u64>> = static_run.then(|| {
             (0..self.spec.members)
                 .filter(|m| self.ends[*m] == MemberEnd::Running && self.senders[*m].is_some())

@@ -8,7 +8,8 @@
 //! [`Group::join`] does after its exchange of log summaries: the members
 //! compute the same [`crate::restart::RestartPlan`], those that take part
 //! are replayed the history and go on in the plan's first view, the
-//! others stop with the reason.
+//! others say why, set their log aside and join the restarted group
+//! afresh (a member that had left on request stays away).
 //!
 //! ```text
 //!  step restart_at:  disks ─► recover_records ─► summaries ─► plan
@@ -55,6 +56,10 @@ pub struct RestartReport {
     pub members: Vec<usize>,
     /// Configured members that did not take part, and why.
     pub excluded: Vec<(usize, String)>,
+    /// The members that joined the restarted group afresh, their logs set
+    /// aside: those of the configured ones left out that had not left on
+    /// request, then those that had joined a running group.
+    pub rejoined: Vec<usize>,
     /// Messages delivered anywhere before the failure: each one is in
     /// every restarted member's history.
     pub delivered_before: u64,
@@ -254,16 +259,19 @@ impl Cluster {
         for &m in &initial {
             if let Some(why) = plan.and_then(|p| p.excluded(m, &summaries.iter().find(|s| s.0 == m).expect("m").1)) {
                 report.excluded.push((m, why.clone()));
+                // Restarted with the others, it joins afresh; one that
+                // left on request is not started again.
                 if self.ends[m] != MemberEnd::Left {
-                    self.ends[m] = MemberEnd::Stopped(format!("not restarted: {why}"));
+                    report.rejoined.push(m);
                 }
             }
         }
         for m in 0..n {
-            if !initial.contains(&m) && self.ends[m] != MemberEnd::NotStarted {
+            if !initial.contains(&m) && !matches!(self.ends[m], MemberEnd::NotStarted | MemberEnd::Left) {
                 // A member that joined a running group restarts by joining
-                // again (`Group::join` refuses a rank outside the first view).
-                self.ends[m] = MemberEnd::Stopped("not restarted: it joined a running group".into());
+                // again (`Group::start_join`, as `join_running` does: its
+                // log is set aside).
+                report.rejoined.push(m);
             }
         }
         // The new world: every restarted member's processes and memory.
@@ -275,7 +283,9 @@ impl Cluster {
                 format!("a new world: {e}"),
             ))
         })?;
-        let fabrics = ranks
+        let mut started = ranks.clone();
+        started.extend(&report.rejoined);
+        let fabrics = started
             .iter()
             .map(|&r| self.world.open(r).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()
@@ -286,6 +296,45 @@ impl Cluster {
         for fabric in fabrics {
             let m = fabric.member_rank();
             let rec = &recovered[m];
+            let rejoins = report.rejoined.contains(&m);
+            if rejoins {
+                // Its history is gone with its log: a joiner's, from the
+                // state a member sends it.
+                self.logs.insert(m, Vec::new());
+                let joined = if initial.contains(&m) {
+                    let log = PersistLog::memory_recovered(rec);
+                    Group::start_from_log(fabric, self.config.clone(), log, rec, &summaries)
+                } else {
+                    let fresh = PersistLog::memory_recovered(rec)
+                        .set_aside(m, "sim")
+                        .expect("a log in memory is set aside without I/O")
+                        .0;
+                    Group::start_join_with_log(fabric, self.config.clone(), Some(fresh)).map(|g| (g, None))
+                };
+                let (group, line) = joined.map_err(|e| {
+                    self.fail(Violation::new(
+                        "restart after a total failure",
+                        format!("member {m}, left out, could not join the restarted group: {e}"),
+                    ))
+                })?;
+                if !group.is_joining() {
+                    return Err(self.fail(Violation::new(
+                        "restart after a total failure",
+                        format!("member {m} was left out of the restart but did not join afresh"),
+                    )));
+                }
+                if let Some(text) = line {
+                    self.world.record(SimEvent::Note {
+                        at_ns: self.world.now_ns(),
+                        text,
+                    });
+                }
+                self.senders[m] = group.sender();
+                let in_place = self.plan.large_in_place_members >> m & 1 == 1;
+                self.agents[m] = Some(Self::agent(group, &self.inboxes[m], &self.own_cuts[m], in_place));
+                self.ends[m] = MemberEnd::Running;
+                continue;
+            }
             if let Some(s) = rec.snapshot() {
                 snapshot_at[m] = (s.view, s.seq);
                 report.snapshots_restored += 1;
