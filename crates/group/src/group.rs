@@ -73,6 +73,13 @@ impl Group<ShmFabric> {
 impl<F: Fabric> Group<F> {
     /// Join over an opened fabric as a member of the first view, waiting
     /// for every member of the first view to join.
+    ///
+    /// Persistent mode: a start over logs restarts the group from them
+    /// (see [`crate::restart`]). A member the restart leaves out sets its
+    /// log aside and comes back *joining* the restarted group: it is
+    /// admitted by later polls ([`Group::is_joining`] turns false, and
+    /// [`Group::wait_admitted`] polls until then; the `spindle` builder's
+    /// `join()` does).
     pub fn join(fabric: Arc<F>, config: GroupConfig) -> Result<Group<F>, GroupError> {
         config.validate()?;
         let layout = SmcLayout::new(&config);
