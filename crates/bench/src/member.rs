@@ -644,8 +644,12 @@ fn drive<F: Fabric>(
     let mut sent_checksum = 0u64;
     // The large message being sent: its fragments, timestamp and counter.
     let mut large_tx: Option<LargeInFlight<F>> = None;
-    let first_view = group.view().id;
-    let mut deliverer = Deliverer::new(&mut tally, spec, rank, first_view);
+    let mut deliverer = Deliverer::new(&mut tally, spec, rank, 0);
+    // A persistent member that a restart left out comes back joining
+    // (its log set aside): it runs once admitted, from the state sent to
+    // it.
+    group.wait_admitted(&mut deliverer).map_err(|e| e.to_string())?;
+    deliverer.first_view = group.view().id;
     // On tcp a rate-limited sender waiting for its next send time parks on
     // the doorbell until then (a peer's progress wakes it at once); on shm
     // it keeps polling (counted as work) so the idle strategy never parks

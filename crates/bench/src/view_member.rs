@@ -279,6 +279,8 @@ fn group_key(group: &str) -> Vec<u8> {
 }
 
 fn drive<F: Fabric>(mut group: Group<F>, args: &ViewMemberArgs, app: &mut App) -> Result<(), String> {
+    // A persistent member that a restart left out comes back joining.
+    group.wait_admitted(app).map_err(|e| e.to_string())?;
     let stop = args.dir.join("stop");
     let interval_ns = 1_000_000_000u64.checked_div(args.rate).unwrap_or(u64::MAX);
     let sender = group.sender();

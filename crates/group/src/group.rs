@@ -150,6 +150,17 @@ impl<F: Fabric> Group<F> {
                 // renamed) and it joins the restarted group afresh, with
                 // an empty log and the state a member sends it.
                 let why = plan.excluded(rank, &summary).expect("matched");
+                if !config.membership {
+                    // A static group admits no joiner: keep the log where
+                    // it is and say so.
+                    return Err(GroupError::Persist {
+                        rank,
+                        reason: format!(
+                            "restart after a total failure: member {rank} does not take part: {why}; \
+                             with membership off it cannot join the restarted group"
+                        ),
+                    });
+                }
                 let label = format!("set-aside-at-view-{}", plan.first_view);
                 let (fresh, aside) = log.set_aside(rank, &label)?;
                 log = fresh;

@@ -77,8 +77,9 @@ pub trait Upcalls {
     /// fragment, in place, with [`Upcalls::deliver_fragment`] instead of
     /// whole with [`Upcalls::deliver`]: no reassembly buffer is written,
     /// so the message's bytes are read once, where the transport put
-    /// them (see [`crate::large`]). Asked at each message's first
-    /// fragment; keep the answer fixed. The default says no.
+    /// them (see [`crate::large`]). The answer at a message's first
+    /// fragment decides for the whole message; keep it fixed. The
+    /// default says no.
     fn takes_fragments(&self) -> bool {
         false
     }

@@ -1220,10 +1220,11 @@ impl PersistLog {
 
     /// Set this log aside and go on with an empty one at the same place
     /// (a restart that leaves member `rank` out: it joins the restarted
-    /// group afresh). Nothing is deleted: the file, and its snapshot file
-    /// if any, are renamed to `<log>.<label>` (`<label>.1`, `.2`, … when
-    /// that is taken), which is returned. A log in memory (the simulator)
-    /// is replaced by an empty one.
+    /// group afresh). Nothing is deleted: `<name>.log` is renamed to
+    /// `<name>.<label>.log` (`<name>.<label>.1.log`, `.2`, … when that is
+    /// taken), which is returned, and its snapshot file, if any, goes with
+    /// it (`<name>.<label>.log.snapshot`), so [`recover`] still reads the
+    /// pair. A log in memory (the simulator) is replaced by an empty one.
     pub fn set_aside(mut self, rank: usize, label: &str) -> Result<(PersistLog, Option<PathBuf>), PersistError> {
         let Backend::File { shared, thread } = &mut self.backend else {
             return Ok((PersistLog::memory(), None));
@@ -1260,6 +1261,9 @@ impl PersistLog {
         let Shared { wake, .. } = shared;
         // Bounded: a thousand logs set aside under one label is a loop
         // gone wrong, not a history.
+        let name = path
+            .file_stem()
+            .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
         let aside = (0..1000)
             .map(|i| {
                 let suffix = if i == 0 {
@@ -1267,18 +1271,23 @@ impl PersistLog {
                 } else {
                     format!("{label}.{i}")
                 };
-                path.with_extension(format!("log.{suffix}"))
+                path.with_file_name(format!("{name}.{suffix}.log"))
             })
             .find(|p| !p.exists() && !snapshot_path(p).exists())
             .ok_or_else(|| PersistError::Format {
                 path: path.clone(),
                 reason: format!("a thousand logs were set aside as {label} already"),
             })?;
+        std::fs::rename(&path, &aside).map_err(io("set the log aside"))?;
         let snapshot = snapshot_path(&path);
         if snapshot.exists() {
-            std::fs::rename(&snapshot, snapshot_path(&aside)).map_err(io("set the snapshot file aside"))?;
+            if let Err(e) = std::fs::rename(&snapshot, snapshot_path(&aside)) {
+                // Put the log back beside its snapshot: a log without it
+                // would have lost what it was compacted to.
+                let _ = std::fs::rename(&aside, &path);
+                return Err(io("set the snapshot file aside")(e));
+            }
         }
-        std::fs::rename(&path, &aside).map_err(io("set the log aside"))?;
         if let Some(dir) = path.parent() {
             File::open(dir)
                 .and_then(|d| d.sync_all())
@@ -1794,7 +1803,7 @@ mod tests {
         wait_durable(&mut log, 0, 1);
         let (mut fresh, aside) = log.set_aside(1, "set-aside-at-view-3").unwrap();
         let aside = aside.expect("a file log is renamed");
-        assert_eq!(aside, path.with_extension("log.set-aside-at-view-3"));
+        assert_eq!(aside, dir.join("g-member-1.set-aside-at-view-3.log"));
         // The old records are in the file set aside, none in the new log.
         assert_eq!(recover(&aside).unwrap().history()[0].payload, b"old");
         assert!(recover(&path).unwrap().records.is_empty());
@@ -1805,9 +1814,15 @@ mod tests {
         fresh.commit();
         wait_durable(&mut fresh, 4, 1);
         assert!(woken.load(std::sync::atomic::Ordering::Relaxed) > before);
-        // A second one under the same label does not overwrite the first.
+        // A second one under the same label does not overwrite the first,
+        // and a snapshot file goes with its log (named so that `recover`
+        // finds it beside it).
+        std::fs::write(snapshot_path(&path), b"its snapshot").unwrap();
         let (_, second) = fresh.set_aside(1, "set-aside-at-view-3").unwrap();
-        assert_eq!(second.unwrap(), path.with_extension("log.set-aside-at-view-3.1"));
+        let second = second.unwrap();
+        assert_eq!(second, dir.join("g-member-1.set-aside-at-view-3.1.log"));
+        assert_eq!(std::fs::read(snapshot_path(&second)).unwrap(), b"its snapshot");
+        assert!(!snapshot_path(&path).exists());
         assert_eq!(recover(&aside).unwrap().history()[0].payload, b"old");
         // In memory: an empty log, nothing renamed.
         let (memory, none) = PersistLog::memory().set_aside(0, "x").unwrap();

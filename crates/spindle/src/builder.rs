@@ -88,7 +88,9 @@ impl GroupBuilder<Callbacks> {
     /// message is delivered with its last
     /// ([`crate::FragmentDelivery::is_last`]), and until then they are
     /// staged: [`GroupBuilder::on_large_message_cut`] says when to drop
-    /// them. Messages that fit in a slot still go to `on_deliver`.
+    /// them (set it too: without it, a cut message's staged fragments are
+    /// never dropped). Messages that fit in a slot still go to
+    /// `on_deliver`.
     pub fn on_large_fragment(
         mut self,
         f: impl FnMut(&spindle_group::FragmentDelivery<'_>) + Send + 'static,
