@@ -168,6 +168,13 @@ struct Tally {
     /// Subgroup layouts checked (member × view) and inadequate views.
     layouts_checked: u64,
     layouts_inadequate: u64,
+    /// Runs whose group followed an outer view (a shard following the
+    /// top-level group), the members that view left out, and the views
+    /// they installed that kept no majority of the view before (which
+    /// the group could not have installed deciding alone).
+    follow_runs: u64,
+    follow_members_left_out: u64,
+    follow_views_below_majority: u64,
     sent: u64,
     delivered: u64,
     steps: u64,
@@ -213,6 +220,24 @@ impl Tally {
         }
         self.layouts_checked += report.layouts_checked;
         self.layouts_inadequate += report.layouts_inadequate;
+        if report.plan.follow_outer_lag_steps.is_some() {
+            self.follow_runs += 1;
+            self.follow_members_left_out += report.lost_members() as u64;
+            let views: std::collections::BTreeMap<u64, &Vec<usize>> = report
+                .view_logs
+                .values()
+                .flatten()
+                .map(|e| (e.view, &e.members))
+                .collect();
+            self.follow_views_below_majority += views
+                .values()
+                .zip(views.values().skip(1))
+                .filter(|(before, after)| {
+                    let kept = after.iter().filter(|m| before.contains(m)).count();
+                    kept * 2 <= before.len()
+                })
+                .count() as u64;
+        }
         if report.lost_members() > 0 {
             self.lost_runs += 1;
         } else {
@@ -267,6 +292,11 @@ pub fn run(args: SimArgs) -> Result<(), String> {
     println!(
         "persistent log compactions checked: {} in {} runs",
         tally.log_compactions, tally.compacting_runs
+    );
+    println!(
+        "following an outer view (a shard following the top-level group): {} runs, {} members crashed or left out by it, \
+         {} views keeping no majority of the view before (allowed by the outer view's majority)",
+        tally.follow_runs, tally.follow_members_left_out, tally.follow_views_below_majority
     );
     println!(
         "total failures (every member killed, restarted from its log): {} runs; {} messages delivered before them, \
@@ -391,6 +421,9 @@ fn write_json(path: &std::path::Path, args: &SimArgs, v: &Validated, t: &Tally, 
         "restart_rejoined_members_delivering": t.restart_rejoined_delivered,
         "subgroup_layouts_checked": t.layouts_checked,
         "subgroup_views_inadequate": t.layouts_inadequate,
+        "runs_following_an_outer_view": t.follow_runs,
+        "members_left_out_by_the_outer_view": t.follow_members_left_out,
+        "views_below_majority_following_the_outer_view": t.follow_views_below_majority,
         "steps": t.steps,
         "messages_sent": t.sent,
         "deliveries_checked": t.delivered,

@@ -403,6 +403,12 @@ impl<F: Fabric> Group<F> {
         self.core.is_joining()
     }
 
+    /// Follow an outer group's view for failures (see
+    /// [`GroupCore::follow_view`]).
+    pub fn follow_view(&mut self, outer_members: Option<&[usize]>) {
+        self.core.follow_view(outer_members)
+    }
+
     /// The first half of [`Group::leave`], without waiting: ask for a view
     /// without this member; later polls run the protocol until
     /// [`Group::has_left`].

@@ -180,6 +180,10 @@ pub(crate) struct MembershipState {
     pub(crate) current: View,
     /// Installs not yet reported through `view_installed`.
     pending_upcall: bool,
+    /// The members of an outer group's view that this group follows
+    /// ([`GroupCore::follow_view`]): it suspects exactly the members
+    /// outside it, and the outer group's majority rule stands for its own.
+    authority: Option<u64>,
 }
 
 impl MembershipState {
@@ -202,6 +206,7 @@ impl MembershipState {
             snapshot_buf: Vec::new(),
             current: View::default(),
             pending_upcall: false,
+            authority: None,
         }
     }
 
@@ -458,6 +463,20 @@ impl<F: Fabric> GroupCore<F> {
         self.mship.joining || self.mship.awaiting_snapshot.is_some()
     }
 
+    /// Follow an outer group's view (`Some(its members)`, ranks shared
+    /// with this group), as a shard follows the top-level group
+    /// (Derecho's subgroup views, which are cut from the top-level one):
+    /// from the next failure check on, this member suspects exactly the
+    /// members of its view that the outer view does not hold, not
+    /// those whose heartbeat stalls or whose process is gone, and the
+    /// majority rule is the outer group's (one member of a shard of two
+    /// goes on when the top-level view says the other is out). Every
+    /// member of this group must follow the same outer group. `None`:
+    /// decide alone again.
+    pub fn follow_view(&mut self, outer_members: Option<&[usize]>) {
+        self.mship.authority = outer_members.map(|m| m.iter().fold(0u64, |mask, r| mask | (1u64 << r)));
+    }
+
     // ---- the protocol -------------------------------------------------------
 
     /// One pass of the membership protocol. `timed`: a heartbeat interval
@@ -506,7 +525,9 @@ impl<F: Fabric> GroupCore<F> {
             self.wedge()?;
         }
         let survivors = self.view_mask & !suspected;
-        if survivors.count_ones() * 2 <= self.view_mask.count_ones() {
+        // No split brain: a majority of the view, or (following an outer
+        // group) the outer view's verdict, decided by its majority.
+        if self.mship.authority.is_none() && survivors.count_ones() * 2 <= self.view_mask.count_ones() {
             return Err(GroupError::MinorityPartition {
                 rank: self.my_rank,
                 view: v,
@@ -557,7 +578,11 @@ impl<F: Fabric> GroupCore<F> {
                 self.mship.hb_moved_ns[r] = now_ns.max(1);
             }
             let stalled = now_ns.saturating_sub(self.mship.hb_moved_ns[r]) > self.mship.suspect_timeout_ns;
-            if lost & (1 << r) != 0 || stalled {
+            let out = match self.mship.authority {
+                Some(outer) => outer & (1 << r) == 0,
+                None => lost & (1 << r) != 0 || stalled,
+            };
+            if out {
                 newly |= 1 << r;
             }
         }

@@ -165,6 +165,73 @@ impl Layout {
     pub fn members(&self, subgroup: usize, shard: usize) -> Option<&[usize]> {
         self.shards.get(subgroup)?.get(shard).map(|m| m.as_slice())
     }
+
+    /// Append this layout's bytes to `out` (the state a member joining
+    /// the top-level group is given, so that it lays out the next view
+    /// from the same previous layout as everyone else).
+    ///
+    /// ```text
+    ///  u64 view_id | then per subgroup, per shard, in order:
+    ///  u32 count   | count × u32 member      (all little-endian)
+    /// ```
+    ///
+    /// The shape (subgroups, shards) is the specification's, so it is not
+    /// stored; [`Layout::decode`] takes the specification.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.view_id.to_le_bytes());
+        for members in self.shards.iter().flatten() {
+            out.extend_from_slice(&(members.len() as u32).to_le_bytes());
+            for m in members {
+                out.extend_from_slice(&(*m as u32).to_le_bytes());
+            }
+        }
+    }
+
+    /// Read a layout written by [`Layout::encode`] for `specs`, every
+    /// member below `members`; says what is wrong with bytes that are not
+    /// one (short, too long, a shard of the wrong size, a rank out of
+    /// range).
+    pub fn decode(bytes: &[u8], specs: &[SubgroupSpec], members: usize) -> Result<Layout, String> {
+        let mut at = 0usize;
+        let mut take = |n: usize, what: &str| -> Result<&[u8], String> {
+            let piece = bytes
+                .get(at..at + n)
+                .ok_or_else(|| format!("a layout of {} bytes ends inside {what} at byte {at}", bytes.len()))?;
+            at += n;
+            Ok(piece)
+        };
+        let view_id = u64::from_le_bytes(take(8, "the view id")?.try_into().expect("8 bytes"));
+        let mut shards = Vec::with_capacity(specs.len().min(SUBGROUPS_MAX));
+        for spec in specs.iter().take(SUBGROUPS_MAX) {
+            let mut of_spec = Vec::with_capacity(spec.shards.min(SHARDS_MAX));
+            for s in 0..spec.shards.min(SHARDS_MAX) {
+                let count = u32::from_le_bytes(take(4, "a shard's count")?.try_into().expect("4 bytes")) as usize;
+                if count != spec.members_per_shard {
+                    return Err(format!(
+                        "shard {s} of subgroup {:?} has {count} members in the layout, the specification says {}",
+                        spec.name, spec.members_per_shard
+                    ));
+                }
+                let mut shard = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let m = u32::from_le_bytes(take(4, "a member")?.try_into().expect("4 bytes")) as usize;
+                    if m >= members {
+                        return Err(format!(
+                            "shard {s} of subgroup {:?} names member {m}; the group has {members}",
+                            spec.name
+                        ));
+                    }
+                    shard.push(m);
+                }
+                of_spec.push(shard);
+            }
+            shards.push(of_spec);
+        }
+        if at != bytes.len() {
+            return Err(format!("{} bytes follow the layout's end", bytes.len() - at));
+        }
+        Ok(Layout { view_id, shards })
+    }
 }
 
 /// Lays out a view: given the specification, the view's members
@@ -425,6 +492,26 @@ mod tests {
             .unwrap();
         // 6 takes member 2's place (shard rank 0); 3 keeps shard rank 1.
         assert_eq!(next.shards, vec![vec![vec![0, 1], vec![6, 3]], vec![vec![4, 5]]]);
+    }
+
+    #[test]
+    fn a_layout_survives_its_bytes_and_bad_bytes_say_what_is_wrong() {
+        let specs = kv_and_log();
+        let layout = StickyLayout.layout(&specs, 7, &[0, 1, 3, 4, 5, 6], None).unwrap();
+        let mut bytes = Vec::new();
+        layout.encode(&mut bytes);
+        assert_eq!(bytes.len(), 8 + 3 * (4 + 2 * 4));
+        assert_eq!(Layout::decode(&bytes, &specs, 7).unwrap(), layout);
+        let short = Layout::decode(&bytes[..bytes.len() - 1], &specs, 7).unwrap_err();
+        assert!(short.contains("ends inside a member"), "{short}");
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(Layout::decode(&long, &specs, 7).unwrap_err().contains("1 bytes follow"));
+        assert!(Layout::decode(&bytes, &specs, 6)
+            .unwrap_err()
+            .contains("names member 6"));
+        let other = vec![SubgroupSpec::new("kv", 2, 3), SubgroupSpec::new("log", 1, 2)];
+        assert!(Layout::decode(&bytes, &other, 7).unwrap_err().contains("has 2 members"));
     }
 
     #[test]

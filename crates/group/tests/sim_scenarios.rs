@@ -16,6 +16,8 @@ fn plan(seed: u64, members: usize) -> (SimSpec, SimPlan) {
     plan.mode = DeliveryMode::Ordered;
     plan.send_per_mille = 500;
     plan.suspect_timeout_ns = plan.healthy_suspect_timeout_ns();
+    // Deciding failures alone unless a scenario says otherwise.
+    plan.follow_outer_lag_steps = None;
     (spec, plan)
 }
 
@@ -319,6 +321,70 @@ fn a_member_paused_past_the_suspicion_timeout_is_removed_and_learns_it_when_resu
         }
     }
     assert_eq!(removed, 20);
+}
+
+/// A shard of two following the top-level view (`follow_view`): when
+/// the top-level view leaves the crashed member out, the survivor goes on
+/// alone in a view of one, which the majority rule forbids a group that
+/// decides alone (the same plan without following stops the survivor).
+#[test]
+fn a_shard_of_two_following_the_top_level_view_survives_a_crash() {
+    let mut delivered_alone = 0;
+    for seed in 0..20 {
+        let (spec, mut plan) = plan(seed, 2);
+        plan.speed_per_mille = vec![1000; 2];
+        plan.slow_links.clear();
+        plan.suspect_timeout_ns = plan.healthy_suspect_timeout_ns();
+        plan.crash = Some(CrashPlan {
+            rank: 1,
+            trigger: CrashTrigger::AtStep(100),
+        });
+        let deciding_alone = ok(simulation::run_plan(&spec, plan.clone()));
+        match &deciding_alone.ends[0] {
+            MemberEnd::Stopped(e) => assert!(e.contains("minority partition"), "seed {seed}: {e}"),
+            other => panic!("seed {seed}: deciding alone, the survivor ended {other:?}"),
+        }
+        plan.follow_outer_lag_steps = Some(vec![seed * 5, 0]);
+        let r = ok(simulation::run_plan(&spec, plan));
+        assert_eq!(r.ends[0], MemberEnd::Running, "seed {seed}: {:?}", r.ends);
+        assert_eq!(r.ends[1], MemberEnd::Crashed);
+        let views = &r.view_logs[&0];
+        assert_eq!(
+            views.last().unwrap().members,
+            vec![0],
+            "seed {seed}: a view of the survivor alone"
+        );
+        if r.logs[&0].iter().any(|e| e.view > 0) {
+            delivered_alone += 1;
+        }
+    }
+    assert!(delivered_alone > 0, "the survivor delivered in its view of one");
+}
+
+/// Following the top-level view, a member is removed only when that
+/// view leaves it out: one paused past the suspicion timeout stays, and
+/// everything sent reaches everyone once it resumes.
+#[test]
+fn following_the_top_level_view_a_paused_member_is_kept() {
+    for seed in 0..10 {
+        let (spec, mut plan) = plan(seed, 3);
+        plan.speed_per_mille = vec![1000; 3];
+        plan.slow_links.clear();
+        plan.suspect_timeout_ns = plan.healthy_suspect_timeout_ns();
+        let pause_steps = plan.suspect_timeout_ns / (plan.tick_ns_max / 2).max(1) * 4 + 20;
+        plan.pause = Some((2, 40, 40 + pause_steps));
+        plan.follow_outer_lag_steps = Some(vec![0, 3, 7]);
+        let spec = SimSpec {
+            steps: 40 + pause_steps + 100,
+            ..spec
+        };
+        let r = ok(simulation::run_plan(&spec, plan));
+        everyone_has_everything(&r);
+        assert!(
+            r.view_logs.values().flatten().all(|v| v.members == vec![0, 1, 2]),
+            "seed {seed}: nobody was removed"
+        );
+    }
 }
 
 /// The subgroup layout check over a crash and a join: survivors keep

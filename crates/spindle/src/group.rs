@@ -220,6 +220,11 @@ impl<A: Upcalls> Group<A> {
         Ok(self.inner.compact_log()?)
     }
 
+    /// The group layer's member, mutably (within this crate).
+    pub(crate) fn inner_mut(&mut self) -> &mut spindle_group::Group<AnyFabric> {
+        &mut self.inner
+    }
+
     /// The lower layer's member (for the counters and positions).
     pub fn inner(&self) -> &spindle_group::Group<AnyFabric> {
         &self.inner

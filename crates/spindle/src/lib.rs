@@ -102,6 +102,7 @@ pub mod dds;
 pub mod error;
 pub mod group;
 pub mod kv;
+mod relayout;
 pub mod sharded;
 pub mod stat;
 pub mod transport;

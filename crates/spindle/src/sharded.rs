@@ -5,7 +5,9 @@
 //! members to shards, and `join_sharded` joins this member to the group
 //! of every shard it is in. Each shard is its own group: its own rings,
 //! senders, delivery mode and total order, delivered only to its
-//! members.
+//! members. `join_sharded` keeps the first view's layout;
+//! [`GroupBuilder::join_sharded_elastic`] lays the members out again at
+//! every view change of a top-level group of them all (shared memory).
 //!
 //! ```no_run
 //! use spindle::group_layer::subgroup::SubgroupSpec;
@@ -34,6 +36,7 @@ use spindle_group::{QueryChannel, QueryError, QueryTarget};
 
 use crate::builder::GroupBuilder;
 use crate::group::Group;
+use crate::relayout::Elastic;
 use crate::transport::{AnyFabric, Transport};
 use crate::Error;
 
@@ -54,13 +57,16 @@ pub struct Shard<U> {
 
 /// One member of a group laid out into subgroups: the shards it is in.
 pub struct Sharded<U> {
-    name: String,
-    rank: usize,
-    specs: Vec<SubgroupSpec>,
-    layout: Layout,
-    shards: Vec<Shard<U>>,
+    pub(crate) name: String,
+    pub(crate) rank: usize,
+    pub(crate) specs: Vec<SubgroupSpec>,
+    pub(crate) layout: Layout,
+    pub(crate) shards: Vec<Shard<U>>,
     /// The point-to-point query channel ([`GroupBuilder::queries`]).
-    queries: Option<QueryChannel<AnyFabric>>,
+    pub(crate) queries: Option<QueryChannel<AnyFabric>>,
+    /// The top-level group and what re-lays out at its view changes
+    /// ([`GroupBuilder::join_sharded_elastic`]); none for `join_sharded`.
+    pub(crate) elastic: Option<Elastic<U>>,
 }
 
 impl<A: Upcalls> GroupBuilder<A> {
@@ -113,38 +119,7 @@ impl<A: Upcalls> GroupBuilder<A> {
         self,
         mut make_app: impl FnMut(&str, usize) -> U,
     ) -> Result<Sharded<U>, Error> {
-        if self.subgroups.is_empty() {
-            return Err(Error::Config(
-                "join_sharded: no subgroups (add them with GroupBuilder::subgroup)".into(),
-            ));
-        }
-        self.config.validate()?;
-        let members = self.config.members;
-        if self.rank >= members {
-            return Err(Error::Config(format!(
-                "rank {} is not a member: the group has {members} members",
-                self.rank
-            )));
-        }
-        let addresses = match &self.transport {
-            Transport::Shm => None,
-            Transport::Tcp(tcp) => Some(tcp.members.len()),
-            Transport::Ofi(ofi) => Some(ofi.tcp.members.len()),
-        };
-        if let Some(n) = addresses.filter(|n| *n != members) {
-            return Err(Error::Config(format!(
-                "the transport lists {n} member addresses but the group has {members} members"
-            )));
-        }
-        for spec in &self.subgroups {
-            let last = subgroup::shard_group_name(&self.config.name, &spec.name, spec.shards.saturating_sub(1));
-            spindle_fabric::shm::validate_group_name(&last).map_err(|e| {
-                Error::Config(format!(
-                    "subgroup {:?}: its shards' group names ({last}) are not valid group names: {e}",
-                    spec.name
-                ))
-            })?;
-        }
+        self.check_sharded()?;
         let view: Vec<usize> = self.config.initial_ranks();
         let function: &dyn LayoutFunction = match &self.layout_function {
             Some(f) => f.as_ref(),
@@ -212,7 +187,59 @@ impl<A: Upcalls> GroupBuilder<A> {
                 group,
             });
         }
-        let queries = if self.queries {
+        let queries = self.open_queries()?;
+        Ok(Sharded {
+            name: self.config.name.clone(),
+            rank: self.rank,
+            specs: self.subgroups,
+            layout,
+            shards,
+            queries,
+            elastic: None,
+        })
+    }
+
+    /// The checks `join_sharded` and `join_sharded_elastic` share.
+    pub(crate) fn check_sharded(&self) -> Result<(), Error> {
+        if self.subgroups.is_empty() {
+            return Err(Error::Config(
+                "join_sharded: no subgroups (add them with GroupBuilder::subgroup)".into(),
+            ));
+        }
+        self.config.validate()?;
+        let members = self.config.members;
+        if self.rank >= members {
+            return Err(Error::Config(format!(
+                "rank {} is not a member: the group has {members} members",
+                self.rank
+            )));
+        }
+        let addresses = match &self.transport {
+            Transport::Shm => None,
+            Transport::Tcp(tcp) => Some(tcp.members.len()),
+            Transport::Ofi(ofi) => Some(ofi.tcp.members.len()),
+        };
+        if let Some(n) = addresses.filter(|n| *n != members) {
+            return Err(Error::Config(format!(
+                "the transport lists {n} member addresses but the group has {members} members"
+            )));
+        }
+        for spec in &self.subgroups {
+            let last = subgroup::shard_group_name(&self.config.name, &spec.name, spec.shards.saturating_sub(1));
+            spindle_fabric::shm::validate_group_name(&last).map_err(|e| {
+                Error::Config(format!(
+                    "subgroup {:?}: its shards' group names ({last}) are not valid group names: {e}",
+                    spec.name
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The point-to-point query channel, if [`GroupBuilder::queries`].
+    pub(crate) fn open_queries(&self) -> Result<Option<QueryChannel<AnyFabric>>, Error> {
+        let members = self.config.members;
+        Ok(if self.queries {
             let name = format!("{}.p2p", self.config.name);
             spindle_fabric::shm::validate_group_name(&name).map_err(|e| {
                 Error::Config(format!(
@@ -235,14 +262,6 @@ impl<A: Upcalls> GroupBuilder<A> {
                 ));
             }
             None
-        };
-        Ok(Sharded {
-            name: self.config.name.clone(),
-            rank: self.rank,
-            specs: self.subgroups,
-            layout,
-            shards,
-            queries,
         })
     }
 }
@@ -277,9 +296,35 @@ impl<U: Upcalls + Send> Sharded<U> {
         self.rank
     }
 
-    /// The layout of the first view: the members of every shard.
+    /// The layout in force: the members of every shard (the first
+    /// view's for `join_sharded`; with `join_sharded_elastic`, that of the
+    /// newest top-level view this member has applied).
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// With `join_sharded_elastic`: the top-level group's current view
+    /// (none for `join_sharded`).
+    pub fn top_level_view(&self) -> Option<spindle_group::View> {
+        self.elastic.as_ref().map(|e| e.top_view())
+    }
+
+    /// With `join_sharded_elastic`: why the newest top-level view could
+    /// not be laid out (too few members for the specification: the
+    /// shards keep their members and run short until joiners come), if
+    /// it could not.
+    pub fn layout_error(&self) -> Option<&subgroup::LayoutError> {
+        self.elastic.as_ref().and_then(|e| e.inadequate())
+    }
+
+    /// With `join_sharded_elastic`: the shards this member was laid into
+    /// and is still joining, as (subgroup, shard).
+    pub fn joining_shards(&self) -> Vec<(&str, usize)> {
+        self.elastic
+            .iter()
+            .flat_map(|e| e.joining())
+            .map(|(g, s)| (self.specs[g].name.as_str(), s))
+            .collect()
     }
 
     /// The subgroups, as specified.
@@ -346,7 +391,7 @@ impl<U: Upcalls + Send> Sharded<U> {
     /// One progress pass over every shard, and the queries that arrived
     /// answered; returns the work done.
     pub fn poll(&mut self) -> Result<u32, Error> {
-        let mut work = 0;
+        let mut work = crate::relayout::step(self)?;
         for shard in &mut self.shards {
             work += shard.group.poll()?;
         }
@@ -475,7 +520,7 @@ impl<U: Upcalls + Send> Sharded<U> {
     /// parked on the query channel when there is one (a query or a reply
     /// wakes it), else asleep. So several processes on 2 cores still
     /// progress, and every shard is polled at least every 50 µs.
-    fn idle(&self, idle_passes: u32) {
+    pub(crate) fn idle(&self, idle_passes: u32) {
         match idle_passes {
             0..=63 => std::hint::spin_loop(),
             64..=127 => std::thread::yield_now(),
@@ -494,7 +539,7 @@ impl<U: Upcalls + Send> Sharded<U> {
         let started = std::time::Instant::now();
         let mut idle_passes: u32 = 0;
         while !done(self) {
-            if let (None, [only]) = (&self.queries, self.shards.as_mut_slice()) {
+            if let (None, None, [only]) = (&self.queries, &self.elastic, self.shards.as_mut_slice()) {
                 // One shard and no queries: its own idle strategy (parks
                 // on its doorbell).
                 only.group.poll_or_idle()?;
@@ -519,20 +564,29 @@ impl<U: Upcalls + Send> Sharded<U> {
     /// at once (a member in several shards keeps each going while it
     /// waits in another); returns the shards' applications in the order
     /// of [`Sharded::shards`].
-    pub fn finish_together(self, timeout: Duration) -> Result<Vec<U>, Error> {
+    pub fn finish_together(mut self, timeout: Duration) -> Result<Vec<U>, Error> {
+        // With join_sharded_elastic: the top-level group ends beside the
+        // shards, once no shard join is pending.
+        let control = self.take_control(timeout)?;
         std::thread::scope(|scope| {
+            let top = control.map(|c| scope.spawn(move || c.finish_together(timeout).map(drop)));
             let handles: Vec<_> = self
                 .shards
                 .into_iter()
                 .map(|s| scope.spawn(move || s.group.finish_together(timeout)))
                 .collect();
-            handles
+            let apps = handles
                 .into_iter()
                 .map(|h| {
                     h.join()
                         .unwrap_or_else(|_| Err(Error::Thread("a shard's finish panicked".into())))
                 })
-                .collect()
+                .collect();
+            if let Some(top) = top {
+                top.join()
+                    .unwrap_or_else(|_| Err(Error::Thread("the top-level group's finish panicked".into())))?;
+            }
+            apps
         })
     }
 }

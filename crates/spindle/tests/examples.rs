@@ -156,6 +156,16 @@ fn large_shm_delivers_4_mib_messages_whole_in_one_order() {
 }
 
 #[test]
+fn elastic_shards_replaces_a_failed_member_with_the_spare_and_its_state() {
+    let out = run_example("elastic_shards", &[], &[]);
+    assert!(
+        out.contains("OK: member 4 took member 1's place in kv shard 0"),
+        "{out}"
+    );
+    assert!(out.contains("member 4: joined kv shard 0 holding 200 keys"), "{out}");
+}
+
+#[test]
 fn sharded_map_keeps_each_shard_replicated_and_the_shards_disjoint() {
     let out = run_example("sharded_map", &[], &[]);
     assert!(out.contains("OK: each shard's 2 members hold the same map"), "{out}");

@@ -133,6 +133,8 @@ pub struct Context {
     split: bool,
     /// For [`Checker::finish`]: how many messages each sender sent.
     expected_per_sender: Option<BTreeMap<usize, u64>>,
+    /// The group follows an outer view ([`Checker::majority_decided_outside`]).
+    majority_outside: bool,
 }
 
 impl Context {
@@ -169,6 +171,12 @@ impl Context {
 
     pub fn has_left(&self, m: usize) -> bool {
         self.left.contains(&m)
+    }
+
+    /// Whether the majority rule is an outer group's (see
+    /// [`Checker::majority_decided_outside`]).
+    pub fn majority_outside(&self) -> bool {
+        self.majority_outside
     }
 
     pub fn expected_per_sender(&self) -> Option<&BTreeMap<usize, u64>> {
@@ -337,6 +345,15 @@ impl Checker {
     /// are checked against the views it installed.
     pub fn add_member(&mut self, member: usize, tracked: bool) {
         self.ctx.members.entry(member).or_default().tracked = tracked;
+    }
+
+    /// The group follows an outer group's view (a shard following the
+    /// top-level group: `GroupCore::follow_view`): the outer group's
+    /// majority decides who is out, so the view chain does not check a
+    /// majority of the previous view (the caller checks instead that each
+    /// view leaves out only members the outer view left out).
+    pub fn majority_decided_outside(&mut self) {
+        self.ctx.majority_outside = true;
     }
 
     /// `member` left the group on request.

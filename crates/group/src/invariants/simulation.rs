@@ -253,6 +253,14 @@ pub struct SimPlan {
     /// acknowledged an fdatasync it did not do). Never drawn: tests pin
     /// it to show the checks catch the loss.
     pub restart_disk_lies: bool,
+    /// The group follows an outer view (a shard following the top-level
+    /// group, `GroupCore::follow_view`): per member, how many steps
+    /// after a member crashed, stopped or was cut off in a minority the
+    /// outer view it follows leaves that member out. Suspicion is then
+    /// the outer view's alone; a member the outer view leaves out stops.
+    /// Drawn for a quarter of the plans without a total failure, from
+    /// its own stream.
+    pub follow_outer_lag_steps: Option<Vec<u64>>,
 }
 
 const PLAN_STREAM: u64 = 0x504C_414E;
@@ -271,6 +279,8 @@ const IN_PLACE_STREAM: u64 = 0x494E_504C;
 const SUBGROUP_STREAM: u64 = 0x5347_5250;
 /// A total failure's draws (when; each disk's torn tail; the new world).
 const RESTART_STREAM: u64 = 0x5253_5452;
+/// Following an outer view's draws (their own stream, like the above).
+const FOLLOW_STREAM: u64 = 0x464F_4C57;
 
 impl SimPlan {
     /// Draw a plan from the seed (independent of everything but the spec).
@@ -338,6 +348,7 @@ impl SimPlan {
             subgroups: Vec::new(),
             restart_at: None,
             restart_disk_lies: false,
+            follow_outer_lag_steps: None,
         };
         // One ordered plan in three is persistent; the draw comes from its
         // own stream, after everything else.
@@ -417,6 +428,10 @@ impl SimPlan {
         // Drawn last, so that the draws above stay what they were before
         // this field existed.
         plan.reserve_batch = rng.chance(500);
+        let mut follow_rng = SimRng::new(spec.seed).fork(FOLLOW_STREAM);
+        if plan.restart_at.is_none() && follow_rng.chance(250) {
+            plan.follow_outer_lag_steps = Some((0..n).map(|_| follow_rng.below(200)).collect());
+        }
         plan
     }
 
@@ -461,7 +476,7 @@ impl SimPlan {
         format!(
             "senders={} mode={} window_slots={} slot_payload_max={} batching={} send={}‰ burst≤{} abandon={}‰ reserve_batch={} tick≤{}ns \
              delay≤{}ns split≤{} slow_links={:?} speed‰={:?} detect_timeout={}ns suspect_timeout={}ns crash={:?} \
-             partition={:?} joiner={:?} leaver={:?} pause={:?} large={}‰ in_place={:#x} subgroups={:?} compact_log_bytes={} restart_at={:?}",
+             partition={:?} joiner={:?} leaver={:?} pause={:?} large={}‰ in_place={:#x} subgroups={:?} compact_log_bytes={} restart_at={:?} follow_outer_lag_steps={:?}",
             self.senders.as_str(),
             self.mode.as_str(),
             self.window_slots,
@@ -490,7 +505,8 @@ impl SimPlan {
                 .map(|g| format!("{}:{}x{}{}", g.name, g.shards, g.members_per_shard, if g.overlapping { "+" } else { "" }))
                 .collect::<Vec<_>>(),
             self.compact_log_bytes,
-            self.restart_at
+            self.restart_at,
+            self.follow_outer_lag_steps
         )
     }
 }
@@ -950,6 +966,9 @@ struct Cluster {
     left_disks: Vec<Option<Vec<u8>>>,
     /// After the total failure: what the restart is checked against.
     restart: Option<Restarted>,
+    /// Following an outer view: the step from which each member is out
+    /// of it (crashed, stopped, or in a partition's minority).
+    outer_out_at: Vec<Option<u64>>,
 }
 
 impl Cluster {
@@ -1018,8 +1037,12 @@ impl Cluster {
             .into_iter()
             .filter(|r| initial.contains(r))
             .collect();
+        let mut checker = Checker::with_members(0, &initial, n, &sender_ranks, plan.mode.is_total_order());
+        if plan.follow_outer_lag_steps.is_some() {
+            checker.majority_decided_outside();
+        }
         Ok(Cluster {
-            checker: Checker::with_members(0, &initial, n, &sender_ranks, plan.mode.is_total_order()),
+            checker,
             spec: spec.clone(),
             world,
             agents,
@@ -1049,6 +1072,7 @@ impl Cluster {
             restart_rng: SimRng::new(spec.seed).fork(RESTART_STREAM).fork(WORKLOAD_STREAM),
             left_disks: vec![None; n],
             restart: None,
+            outer_out_at: vec![None; n],
             plan,
         })
     }
@@ -1116,6 +1140,7 @@ impl Cluster {
             };
             self.world.advance(self.rng.below(tick + 1));
             self.inject_faults();
+            self.follow_outer_view();
             self.world.deliver_due();
             self.rng.shuffle(&mut order);
             self.sync_logs();
@@ -1255,6 +1280,57 @@ impl Cluster {
         for m in 0..self.spec.members {
             if self.ends[m] == MemberEnd::Running && self.world.is_crashed(m) {
                 self.ends[m] = MemberEnd::Crashed;
+            }
+        }
+    }
+
+    /// Following an outer view (see [`SimPlan::follow_outer_lag_steps`]):
+    /// the outer view leaves out a member from the step it crashed or
+    /// stopped, and the minority side of a partition from its start (the
+    /// outer group keeps its majority); each member learns of it its lag
+    /// later. A member the outer view leaves out stops, as a shard member
+    /// out of the top-level view does.
+    fn follow_outer_view(&mut self) {
+        let Some(lags) = self.plan.follow_outer_lag_steps.clone() else {
+            return;
+        };
+        let n = self.spec.members;
+        for r in 0..n {
+            if self.outer_out_at[r].is_none() && matches!(self.ends[r], MemberEnd::Crashed | MemberEnd::Stopped(_)) {
+                self.outer_out_at[r] = Some(self.step);
+            }
+        }
+        if let Some(p) = self.plan.partition {
+            if p.start_step == self.step {
+                let rest = PeerSet::all(n).0 & !p.side.0;
+                let minority = match p.side.0.count_ones().cmp(&rest.count_ones()) {
+                    std::cmp::Ordering::Less => p.side.0,
+                    std::cmp::Ordering::Greater => rest,
+                    std::cmp::Ordering::Equal if p.side.0 & 1 == 0 => p.side.0,
+                    std::cmp::Ordering::Equal => rest,
+                };
+                for r in PeerSet(minority).iter() {
+                    self.outer_out_at[r].get_or_insert(self.step);
+                }
+            }
+        }
+        for (m, lag) in lags.iter().enumerate() {
+            if self.ends[m] != MemberEnd::Running {
+                continue;
+            }
+            let outer: Vec<usize> = (0..n)
+                .filter(|r| self.outer_out_at[*r].is_none_or(|at| self.step < at + lag))
+                .collect();
+            if !outer.contains(&m) {
+                let at_ns = self.world.now_ns();
+                let text = format!("member {m} stops: the outer view left it out");
+                self.world.record(SimEvent::Note { at_ns, text });
+                self.ends[m] = MemberEnd::Stopped("the outer view left it out".into());
+                self.world.exit(m);
+                continue;
+            }
+            if let Some(agent) = self.agents[m].as_mut() {
+                agent.group.follow_view(Some(&outer));
             }
         }
     }
@@ -1461,6 +1537,25 @@ impl Cluster {
             at_ns,
             text: format!("member {m} installs view {} {:?}", view.id, view.members),
         });
+        // Following an outer view: a member leaves the view only when the
+        // outer view left it out (or it asked to leave).
+        if self.plan.follow_outer_lag_steps.is_some() {
+            let previous = self.view_logs.get(&m).and_then(|v| v.last()).map(|e| e.members.clone());
+            let leaver = self.plan.leaver.map(|(r, _)| r);
+            if let Some(gone) = previous
+                .unwrap_or_default()
+                .into_iter()
+                .find(|r| !view.members.contains(r) && self.outer_out_at[*r].is_none() && Some(*r) != leaver)
+            {
+                return Err(self.fail(Violation::new(
+                    "the view follows the outer view",
+                    format!(
+                        "member {m} installed view {} {:?} without member {gone}, which the outer view still holds",
+                        view.id, view.members
+                    ),
+                )));
+            }
+        }
         self.view_logs.entry(m).or_default().push(ViewEntry {
             member: m,
             view: view.id,

@@ -15,7 +15,10 @@
 //!   counting members that left on request (they agreed to the view that
 //!   dropped them); a view that turns up between two known views must
 //!   also be kept a majority of by the next. The majority rule is what
-//!   makes a minority partition unable to go on.
+//!   makes a minority partition unable to go on. A group that follows an
+//!   outer group's view (a shard following the top-level group) takes
+//!   that group's majority instead
+//!   ([`Checker::majority_decided_outside`](super::Checker::majority_decided_outside)).
 
 use super::checker::{Context, Event, Installed, Property};
 use super::Violation;
@@ -60,6 +63,9 @@ impl Property for ViewChain {
                 )),
                 _ => Ok(()),
             },
+            // Following an outer view, the outer group's majority rules
+            // (checked by whoever knows the outer view).
+            None if ctx.majority_outside() => Ok(()),
             None => majority(ctx, v),
         }
     }

@@ -1,0 +1,547 @@
+//! Re-laying the shards out at every top-level view change
+//! ([`GroupBuilder::join_sharded_elastic`]).
+//!
+//! The members run one more group beside their shards: the *top-level
+//! group* `{group}.layout`, of every member, in which nobody sends. Its
+//! views are the top-level views: a member that fails or leaves is
+//! removed from it, a member that starts later joins it. At each of its
+//! view changes every member lays the new view out with the layout
+//! function, from the previous layout ([`LayoutKeeper`], a pure
+//! function of the view sequence, so every member gets the same
+//! layout without a message), and then:
+//!
+//! - a member laid into a shard it was not in joins that shard's group as
+//!   a joiner: the shard's members admit it in a view change of their
+//!   own, and its application starts from their snapshot (Derecho's state
+//!   transfer, the group layer's join protocol);
+//! - a member laid out of a shard (a user layout function may move
+//!   survivors) leaves that shard's group by dropping it;
+//! - a departed member's shard groups remove it on their own (each runs
+//!   the membership protocol).
+//!
+//! ```text
+//!  top-level view 0: 0 1 2 3 4        view 1: 0 2 3 4 (1 failed)
+//!  kv shard 0: {0, 1}                 kv shard 0: {0, 4}  4 joins kv.0, gets 0's state
+//!  kv shard 1: {2, 3}   spare: 4      kv shard 1: {2, 3}  unchanged
+//! ```
+//!
+//! Every shard group is numbered by top-level rank (it has a row for
+//! every member of the top-level group, and its first view is the
+//! shard's members), so a member joins a shard under its own rank and
+//! never takes over a departed member's row. A member that joins the
+//! top-level group later gets the layout it needs with the top-level
+//! group's state transfer ([`Layout::encode`]).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use spindle_group::config::{DeliveryMode, SenderSet};
+use spindle_group::subgroup::{self, Layout, LayoutError, LayoutFunction, StickyLayout, SubgroupSpec};
+use spindle_group::{Delivery, GroupConfig, Upcalls, View};
+
+use crate::builder::GroupBuilder;
+use crate::group::Group;
+use crate::sharded::{Shard, Sharded};
+use crate::transport::Transport;
+use crate::Error;
+
+/// Layouts computed and not yet applied: [`Sharded::poll`] takes them
+/// after every pass of the top-level group, which installs at most a few
+/// views per pass.
+const FRESH_LAYOUTS_MAX: usize = 64;
+
+/// The top-level group's application: it lays out every view it
+/// installs, from the layout before.
+pub(crate) struct LayoutKeeper {
+    specs: Vec<SubgroupSpec>,
+    function: Arc<dyn LayoutFunction>,
+    members: usize,
+    /// The newest layout (none: a joiner before its state transfer).
+    layout: Option<Layout>,
+    /// The layout a joiner was given with the state transfer.
+    restored: Option<Layout>,
+    /// Layouts computed at view changes, oldest first, not yet applied.
+    fresh: VecDeque<Layout>,
+    /// Why the newest view could not be laid out (too small), if so.
+    inadequate: Option<LayoutError>,
+}
+
+impl Upcalls for LayoutKeeper {
+    fn deliver(&mut self, _d: &Delivery<'_>) {}
+
+    fn view_installed(&mut self, view: &View) {
+        let Some(previous) = self.layout.as_ref() else {
+            // A joiner gets its layout with the snapshot, before the view.
+            return;
+        };
+        if view.id <= previous.view_id {
+            return;
+        }
+        match subgroup::lay_out(&*self.function, &self.specs, view.id, &view.members, Some(previous)) {
+            Ok(next) => {
+                self.inadequate = None;
+                if self.fresh.len() == FRESH_LAYOUTS_MAX {
+                    // Applied from the one before instead: the shards
+                    // entered are still entered, from fewer survivors.
+                    self.fresh.pop_front();
+                    tracing::warn!(
+                        view = view.id,
+                        "more than {FRESH_LAYOUTS_MAX} layouts not yet applied: the oldest is skipped"
+                    );
+                }
+                self.fresh.push_back(next.clone());
+                self.layout = Some(next);
+            }
+            Err(e) => {
+                tracing::warn!(view = view.id, error = %e, "the top-level view cannot be laid out; the shards keep their members");
+                self.inadequate = Some(e);
+            }
+        }
+    }
+
+    fn snapshot(&mut self, out: &mut Vec<u8>) {
+        if let Some(layout) = &self.layout {
+            layout.encode(out);
+        }
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        let layout = Layout::decode(snapshot, &self.specs, self.members)
+            .map_err(|e| format!("the layout given by the top-level group: {e}"))?;
+        self.restored = Some(layout.clone());
+        self.layout = Some(layout);
+        Ok(())
+    }
+}
+
+/// A shard group this member is joining, on a thread of its own.
+struct PendingJoin<U> {
+    subgroup_index: usize,
+    shard: usize,
+    handle: JoinHandle<Result<Group<U>, Error>>,
+}
+
+/// Starts joining shard `shard` of a subgroup on a thread, with the
+/// shard's first view `initial`: made by `join_sharded_elastic`, which
+/// holds the application maker, the configuration and the transport.
+type SpawnJoin<U> =
+    Box<dyn FnMut(&SubgroupSpec, usize, Vec<usize>) -> Result<JoinHandle<Result<Group<U>, Error>>, Error> + Send>;
+
+/// What [`Sharded`] holds to re-lay out at run time.
+pub(crate) struct Elastic<U> {
+    control: Group<LayoutKeeper>,
+    spawn_join: SpawnJoin<U>,
+    pending: Vec<PendingJoin<U>>,
+    /// The top-level view the shard groups were last told to follow.
+    followed_view: Option<u64>,
+}
+
+impl<U> Elastic<U> {
+    /// Shards being joined: (subgroup index, shard).
+    pub(crate) fn joining(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.pending.iter().map(|p| (p.subgroup_index, p.shard))
+    }
+
+    /// Why the newest top-level view could not be laid out, if so.
+    pub(crate) fn inadequate(&self) -> Option<&LayoutError> {
+        self.control.app().inadequate.as_ref()
+    }
+
+    /// The top-level group's current view.
+    pub(crate) fn top_view(&self) -> View {
+        self.control.view()
+    }
+}
+
+/// A shard's group configuration, numbered by top-level rank: a row for
+/// every member, the first view `initial`.
+fn shard_config(top: &GroupConfig, spec: &SubgroupSpec, shard: usize, initial: Vec<usize>) -> GroupConfig {
+    let mut config = top.clone();
+    config.name = subgroup::shard_group_name(&top.name, &spec.name, shard);
+    config.mode = spec.mode;
+    config.senders = SenderSet::All;
+    config.initial_members = Some(initial);
+    config
+}
+
+impl<U> Elastic<U> {
+    /// Join shard `s` of subgroup `g` on a thread: as a member of its
+    /// first view if `initial` holds this member, else as a joiner.
+    fn start_join(&mut self, specs: &[SubgroupSpec], g: usize, s: usize, initial: Vec<usize>) -> Result<(), Error> {
+        let handle = (self.spawn_join)(&specs[g], s, initial)?;
+        self.pending.push(PendingJoin {
+            subgroup_index: g,
+            shard: s,
+            handle,
+        });
+        Ok(())
+    }
+}
+
+/// The thread that joins a shard's group (see [`SpawnJoin`]).
+fn spawn_join<U: Upcalls + Send + 'static>(
+    mut make_app: impl FnMut(&str, usize) -> U + Send + 'static,
+    top: GroupConfig,
+    transport: Transport,
+    rank: usize,
+) -> SpawnJoin<U> {
+    Box::new(move |spec: &SubgroupSpec, s: usize, initial: Vec<usize>| {
+        let builder = GroupBuilder::from_config(shard_config(&top, spec, s, initial))
+            .rank(rank)
+            .transport(transport.clone())
+            .app(make_app(&spec.name, s));
+        std::thread::Builder::new()
+            .name(format!("spindle-join-{}-{s}", spec.name))
+            .spawn(move || builder.join())
+            .map_err(|e| {
+                Error::Thread(format!(
+                    "could not start the thread that joins shard {s} of subgroup {:?}: {e}",
+                    spec.name
+                ))
+            })
+    })
+}
+
+/// One pass of the top-level group, then the layouts it computed applied
+/// and the shard joins that finished taken in; returns the work done.
+pub(crate) fn step<U: Upcalls + Send>(sharded: &mut Sharded<U>) -> Result<u32, Error> {
+    let Sharded {
+        rank,
+        specs,
+        layout,
+        shards,
+        elastic,
+        ..
+    } = sharded;
+    let Some(el) = elastic.as_mut() else {
+        return Ok(0);
+    };
+    let rank = *rank;
+    let mut work = match el.control.poll() {
+        Ok(work) => work,
+        Err(e) => {
+            // Out of the top-level view (removed, or its group failed):
+            // out of every shard too, so that no shard group keeps a
+            // member the layout no longer lists.
+            shards.clear();
+            return Err(e);
+        }
+    };
+    while let Some(next) = el.control.app_mut().fresh.pop_front() {
+        let previous = std::mem::replace(layout, next);
+        let in_layout = |l: &Layout, g: usize, s: usize| l.members(g, s).is_some_and(|m| m.contains(&rank));
+        // Laid out of a shard: leave it (the others see this member go).
+        shards.retain(|x| in_layout(layout, x.subgroup_index, x.shard));
+        for x in shards.iter_mut() {
+            x.members = layout.shards[x.subgroup_index][x.shard].clone();
+        }
+        // Laid into a shard: join it. Its members that were in it before
+        // hold its state; if none is left, it starts afresh.
+        let entered: Vec<(usize, usize)> = layout
+            .shards_of(rank)
+            .map(|(g, s, _)| (g, s))
+            .filter(|&(g, s)| {
+                !shards.iter().any(|x| x.subgroup_index == g && x.shard == s)
+                    && !el.pending.iter().any(|p| p.subgroup_index == g && p.shard == s)
+            })
+            .collect();
+        for (g, s) in entered {
+            let now = layout.shards[g][s].clone();
+            let kept: Vec<usize> = previous
+                .members(g, s)
+                .unwrap_or(&[])
+                .iter()
+                .copied()
+                .filter(|m| now.contains(m) && *m != rank)
+                .collect();
+            let initial = if kept.is_empty() {
+                tracing::warn!(
+                    subgroup = %specs[g].name,
+                    shard = s,
+                    "no member of the shard is left: it starts afresh, its state is lost"
+                );
+                now
+            } else {
+                kept
+            };
+            el.start_join(specs, g, s, initial)?;
+        }
+        work += 1;
+    }
+    let mut i = 0;
+    while i < el.pending.len() {
+        if !el.pending[i].handle.is_finished() {
+            i += 1;
+            continue;
+        }
+        let p = el.pending.swap_remove(i);
+        let spec = &specs[p.subgroup_index];
+        let group = p
+            .handle
+            .join()
+            .unwrap_or_else(|_| Err(Error::Thread("a shard's join panicked".into())))
+            .map_err(|e| match e {
+                Error::Config(why) => Error::Config(format!("subgroup {:?} shard {}: {why}", spec.name, p.shard)),
+                other => other,
+            })?;
+        work += 1;
+        el.followed_view = None;
+        match layout.members(p.subgroup_index, p.shard) {
+            // Laid out of it again while joining: leave it.
+            Some(members) if members.contains(&rank) => shards.push(Shard {
+                subgroup: spec.name.clone(),
+                subgroup_index: p.subgroup_index,
+                shard: p.shard,
+                members: members.to_vec(),
+                group,
+            }),
+            _ => drop(group),
+        }
+    }
+    // Each shard's group takes its failures from the top-level view: it
+    // removes exactly the members that view left out (no shard decides
+    // alone, so a shard of two survives one failure and no shard splits).
+    let core = el.control.inner().core();
+    if el.followed_view != Some(core.view()) {
+        for x in shards.iter_mut() {
+            x.group.inner_mut().follow_view(Some(core.members()));
+        }
+        el.followed_view = Some(core.view());
+    }
+    Ok(work)
+}
+
+impl<U: Upcalls + Send> Sharded<U> {
+    /// Drive everything until no shard join is pending; fails after
+    /// `timeout`.
+    fn wait_joins(&mut self, timeout: Duration) -> Result<(), Error> {
+        let started = Instant::now();
+        let mut idle_passes: u32 = 0;
+        while self.elastic.as_ref().is_some_and(|e| !e.pending.is_empty()) {
+            if self.poll()? > 0 {
+                idle_passes = 0;
+            } else {
+                idle_passes = idle_passes.saturating_add(1);
+                self.idle(idle_passes);
+            }
+            if started.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    waiting_for: "this member's shard groups to admit it".into(),
+                    waited_ms: timeout.as_millis() as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Split off the top-level group (for `finish_together`), once every
+    /// pending join is done (up to `timeout`).
+    pub(crate) fn take_control(&mut self, timeout: Duration) -> Result<Option<Group<LayoutKeeper>>, Error> {
+        self.wait_joins(timeout)?;
+        Ok(self.elastic.take().map(|e| e.control))
+    }
+}
+
+impl<A: Upcalls> GroupBuilder<A> {
+    /// Like [`GroupBuilder::join_sharded`], but the shards are laid out
+    /// again at every view change of the top-level group (every member):
+    /// a member that fails or leaves is replaced in its shards by a spare
+    /// member (one that no shard holds, or one that joins later), which
+    /// joins the shard's group and gets its state from the shard's
+    /// members before its first delivery. Shared memory only in this
+    /// release. Each shard's group has a row for every member and is
+    /// numbered by top-level rank (a shard member's rank in its group is
+    /// its own rank).
+    ///
+    /// `make_app(subgroup, shard)` makes a shard's application whenever
+    /// this member enters a shard, now or later, so it is kept (`'static`).
+    /// A rank outside `initial_members` joins the running group: it gets
+    /// the layout with the top-level group's state transfer and waits in
+    /// the shards it is laid into until they admit it.
+    ///
+    /// Needs membership on, every member of a shard a sender, and a
+    /// mode other than persistent. Returns once this member is in every
+    /// shard the layout gives it (up to twice the join timeout).
+    pub fn join_sharded_elastic<U: Upcalls + Send + 'static>(
+        mut self,
+        make_app: impl FnMut(&str, usize) -> U + Send + 'static,
+    ) -> Result<Sharded<U>, Error> {
+        self.check_sharded()?;
+        if !matches!(self.transport, Transport::Shm) {
+            return Err(Error::Config(
+                "join_sharded_elastic needs shared memory in this release (on tcp and ofi each shard's group \
+                 listens on the member's one address); use join_sharded there, whose layout is the first view's"
+                    .into(),
+            ));
+        }
+        if !self.config.membership {
+            return Err(Error::Config(
+                "join_sharded_elastic lays out again at membership changes: turn membership on".into(),
+            ));
+        }
+        for spec in &self.subgroups {
+            if spec.senders != SenderSet::All {
+                return Err(Error::Config(format!(
+                    "subgroup {:?}: join_sharded_elastic needs every member of a shard to send (senders = all): \
+                     a member laid into a shard takes no sender rank",
+                    spec.name
+                )));
+            }
+            if spec.mode == DeliveryMode::Persistent {
+                return Err(Error::Config(format!(
+                    "subgroup {:?}: join_sharded_elastic does not take persistent subgroups yet \
+                     (use join_sharded)",
+                    spec.name
+                )));
+            }
+        }
+        let function: Arc<dyn LayoutFunction> = match self.layout_function.take() {
+            Some(f) => Arc::from(f),
+            None => Arc::new(StickyLayout),
+        };
+        let initial_view = self.config.initial_ranks();
+        let joining = !initial_view.contains(&self.rank);
+        let first = if joining {
+            None
+        } else {
+            Some(
+                subgroup::lay_out(&*function, &self.subgroups, 0, &initial_view, None)
+                    .map_err(|e| Error::Config(format!("subgroups: {e}")))?,
+            )
+        };
+        let keeper = LayoutKeeper {
+            specs: self.subgroups.clone(),
+            function,
+            members: self.config.members,
+            layout: first.clone(),
+            restored: None,
+            fresh: VecDeque::new(),
+            inadequate: None,
+        };
+        let mut top = self.config.clone();
+        top.name = format!("{}.layout", self.config.name);
+        spindle_fabric::shm::validate_group_name(&top.name).map_err(|e| {
+            Error::Config(format!(
+                "the top-level group's name {} is not a valid group name: {e}",
+                top.name
+            ))
+        })?;
+        // Nobody sends in it: the smallest rings.
+        top.mode = DeliveryMode::Ordered;
+        top.senders = SenderSet::All;
+        top.window_slots = 4;
+        top.slot_payload_max = 64;
+        let control = GroupBuilder::from_config(top)
+            .rank(self.rank)
+            .transport(self.transport.clone())
+            .app(keeper)
+            .join()?;
+        let start = match first {
+            Some(first) => first,
+            None => control.app().restored.clone().ok_or_else(|| {
+                Error::Config("joined the top-level group but its state transfer gave no layout".into())
+            })?,
+        };
+        let queries = self.open_queries()?;
+        let join_timeout = self.config.join_timeout;
+        let mut sharded = Sharded {
+            name: self.config.name.clone(),
+            rank: self.rank,
+            specs: self.subgroups,
+            layout: start,
+            shards: Vec::new(),
+            queries,
+            elastic: Some(Elastic {
+                control,
+                spawn_join: spawn_join(make_app, self.config, self.transport, self.rank),
+                pending: Vec::new(),
+                followed_view: None,
+            }),
+        };
+        if !joining {
+            let mine: Vec<(usize, usize)> = sharded.layout.shards_of(sharded.rank).map(|(g, s, _)| (g, s)).collect();
+            for (g, s) in mine {
+                let initial = sharded.layout.shards[g][s].clone();
+                let el = sharded.elastic.as_mut().expect("made above");
+                el.start_join(&sharded.specs, g, s, initial)?;
+            }
+        }
+        // A joiner applies the layout of the view it joined in here.
+        sharded.poll()?;
+        sharded.wait_joins(join_timeout * 2)?;
+        Ok(sharded)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keeper(layout: Option<Layout>) -> LayoutKeeper {
+        LayoutKeeper {
+            specs: vec![SubgroupSpec::new("kv", 2, 2)],
+            function: Arc::new(StickyLayout),
+            members: 6,
+            layout,
+            restored: None,
+            fresh: VecDeque::new(),
+            inadequate: None,
+        }
+    }
+
+    fn view(id: u64, members: &[usize]) -> View {
+        View {
+            id,
+            members: members.to_vec(),
+            senders: members.to_vec(),
+            joined: Vec::new(),
+            departed: Vec::new(),
+            prev_final_seq: 0,
+        }
+    }
+
+    #[test]
+    fn each_view_is_laid_out_from_the_one_before_and_a_small_one_keeps_the_shards() {
+        let first = StickyLayout
+            .layout(&[SubgroupSpec::new("kv", 2, 2)], 0, &[0, 1, 2, 3, 4], None)
+            .unwrap();
+        let mut k = keeper(Some(first));
+        k.view_installed(&view(1, &[0, 2, 3, 4]));
+        assert_eq!(k.fresh.pop_front().unwrap().shards, vec![vec![vec![0, 4], vec![2, 3]]]);
+        // Too small: the layout stays, and says why.
+        k.view_installed(&view(2, &[0, 2, 3]));
+        assert!(k.fresh.is_empty());
+        assert!(matches!(k.inadequate, Some(LayoutError::Inadequate { .. })));
+        assert_eq!(k.layout.as_ref().unwrap().view_id, 1);
+        // A joiner fills the hole at the departed member's shard rank.
+        k.view_installed(&view(3, &[0, 2, 3, 5]));
+        assert_eq!(k.fresh.pop_front().unwrap().shards, vec![vec![vec![0, 5], vec![2, 3]]]);
+        assert!(k.inadequate.is_none());
+        // An old view again changes nothing.
+        k.view_installed(&view(3, &[0, 2, 3, 5]));
+        assert!(k.fresh.is_empty());
+    }
+
+    #[test]
+    fn a_joiner_lays_out_from_the_layout_it_is_given() {
+        let given = StickyLayout
+            .layout(&[SubgroupSpec::new("kv", 2, 2)], 4, &[0, 1, 2, 3], None)
+            .unwrap();
+        let mut provider = keeper(Some(given.clone()));
+        let mut bytes = Vec::new();
+        provider.snapshot(&mut bytes);
+        let mut joiner = keeper(None);
+        joiner.view_installed(&view(5, &[0, 2, 3, 5]));
+        assert!(joiner.fresh.is_empty(), "no layout before the state transfer");
+        joiner.restore(&bytes).unwrap();
+        assert_eq!(joiner.restored.as_ref(), Some(&given));
+        joiner.view_installed(&view(5, &[0, 2, 3, 5]));
+        provider.view_installed(&view(5, &[0, 2, 3, 5]));
+        assert_eq!(joiner.layout, provider.layout, "layout agreement");
+        assert_eq!(joiner.layout.unwrap().shards, vec![vec![vec![0, 5], vec![2, 3]]]);
+        let err = keeper(None).restore(&bytes[..5]).unwrap_err();
+        assert!(err.contains("the layout given by the top-level group"), "{err}");
+    }
+}

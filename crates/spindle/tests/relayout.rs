@@ -1,0 +1,324 @@
+//! Re-laying the shards out at top-level view changes
+//! (`join_sharded_elastic`): a member that fails is replaced in its shard
+//! by a spare member or by a member that starts later, which gets the
+//! shard's state before its first delivery; every member computes the
+//! same layout; what it cannot do is refused with the reason.
+
+use std::time::{Duration, Instant};
+
+use spindle::{
+    Delivery, DeliveryMode, Error, Group, SenderSet, Sharded, SubgroupSpec, TcpTransport, Transport, Upcalls,
+};
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
+/// A shard's replicated state: every payload it delivered, in order.
+#[derive(Default)]
+struct Entries {
+    entries: Vec<Vec<u8>>,
+}
+
+impl Upcalls for Entries {
+    fn deliver(&mut self, d: &Delivery<'_>) {
+        self.entries.push(d.payload.to_vec());
+    }
+
+    fn snapshot(&mut self, out: &mut Vec<u8>) {
+        for e in &self.entries {
+            out.extend_from_slice(&(e.len() as u32).to_le_bytes());
+            out.extend_from_slice(e);
+        }
+    }
+
+    fn restore(&mut self, mut snapshot: &[u8]) -> Result<(), String> {
+        self.entries.clear();
+        while !snapshot.is_empty() {
+            let (len, rest) = snapshot.split_at_checked(4).ok_or("a torn length")?;
+            let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+            let (entry, rest) = rest.split_at_checked(len).ok_or("a torn entry")?;
+            self.entries.push(entry.to_vec());
+            snapshot = rest;
+        }
+        Ok(())
+    }
+}
+
+type Member = Sharded<Entries>;
+
+fn builder(name: &str, rank: usize) -> spindle::GroupBuilder {
+    Group::builder(name)
+        .members(5)
+        .rank(rank)
+        .join_timeout(Duration::from_secs(30))
+        .subgroup(SubgroupSpec::new("kv", 2, 2))
+}
+
+/// Join every rank of `ranks` at once (each on a thread; the joins wait
+/// for each other).
+fn join_all(name: &str, ranks: &[usize], initial: Option<Vec<usize>>) -> Vec<Option<Member>> {
+    let threads: Vec<_> = ranks
+        .iter()
+        .map(|&rank| {
+            let (name, initial) = (name.to_string(), initial.clone());
+            std::thread::spawn(move || {
+                let mut b = builder(&name, rank);
+                if let Some(initial) = initial {
+                    b = b.initial_members(initial);
+                }
+                b.join_sharded_elastic(|_, _| Entries::default())
+            })
+        })
+        .collect();
+    let mut members: Vec<Option<Member>> = (0..5).map(|_| None).collect();
+    for (rank, t) in ranks.iter().zip(threads) {
+        let m = t
+            .join()
+            .expect("join thread")
+            .unwrap_or_else(|e| panic!("member {rank}: {e}"));
+        members[*rank] = Some(m);
+    }
+    members
+}
+
+fn entries(members: &[Option<Member>], rank: usize) -> Vec<Vec<u8>> {
+    members[rank]
+        .as_ref()
+        .and_then(|m| m.shard("kv"))
+        .map(|s| s.group.app().entries.clone())
+        .unwrap_or_default()
+}
+
+fn kv_layout(m: &Option<Member>) -> Vec<Vec<usize>> {
+    m.as_ref().expect("a live member").layout().shards[0].clone()
+}
+
+/// Poll every live member until `done`; panics after 60 s with `what`.
+fn drive(members: &mut [Option<Member>], what: &str, done: impl Fn(&[Option<Member>]) -> bool) {
+    let started = Instant::now();
+    while !done(members) {
+        for (rank, m) in members.iter_mut().enumerate() {
+            if let Some(m) = m {
+                m.poll().unwrap_or_else(|e| panic!("member {rank}: {e}"));
+            }
+        }
+        std::thread::yield_now();
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}: layouts {:?}, entries {:?}",
+            members
+                .iter()
+                .map(|m| m.as_ref().map(|m| m.layout().shards.clone()))
+                .collect::<Vec<_>>(),
+            (0..members.len())
+                .map(|r| entries(members, r).len())
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+fn send(members: &mut [Option<Member>], rank: usize, payload: &str) {
+    loop {
+        match members[rank]
+            .as_ref()
+            .expect("a live member")
+            .send("kv", payload.as_bytes())
+        {
+            Ok(()) => return,
+            Err(Error::Send(spindle::SendError::WouldBlock)) => {
+                for m in members.iter_mut().flatten() {
+                    m.poll().expect("poll");
+                }
+            }
+            Err(e) => panic!("member {rank} send: {e}"),
+        }
+    }
+}
+
+/// Every live member ends together; returns each one's kv entries.
+fn finish(members: Vec<Option<Member>>) -> Vec<Option<Vec<Vec<u8>>>> {
+    let threads: Vec<_> = members
+        .into_iter()
+        .map(|m| {
+            std::thread::spawn(move || {
+                m.map(|m| {
+                    let apps = m.finish_together(Duration::from_secs(30)).expect("finish_together");
+                    apps.into_iter().next().map(|a| a.entries).unwrap_or_default()
+                })
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().expect("finish thread")).collect()
+}
+
+#[test]
+fn a_spare_member_takes_a_failed_members_place_in_its_shard_with_its_state() {
+    let name = unique("rl-spare");
+    let mut members = join_all(&name, &[0, 1, 2, 3, 4], None);
+    // 5 members, kv = 2 shards of 2: {0, 1}, {2, 3}; 4 is spare.
+    assert_eq!(kv_layout(&members[0]), vec![vec![0, 1], vec![2, 3]]);
+    assert!(
+        members[4].as_ref().unwrap().shards().is_empty(),
+        "the spare is in no shard"
+    );
+    for i in 0..3 {
+        send(&mut members, 0, &format!("kv0 #{i}"));
+    }
+    for i in 0..2 {
+        send(&mut members, 2, &format!("kv1 #{i}"));
+    }
+    drive(&mut members, "the first messages", |m| {
+        entries(m, 0).len() == 3 && entries(m, 1).len() == 3 && entries(m, 2).len() == 2 && entries(m, 3).len() == 2
+    });
+
+    // Member 1 fails (its groups are dropped without leaving).
+    members[1] = None;
+    drive(&mut members, "member 4 in kv shard 0 with its state", |m| {
+        entries(m, 4).len() == 3
+            && [0, 2, 3, 4]
+                .iter()
+                .all(|r| m[*r].as_ref().unwrap().joining_shards().is_empty())
+    });
+    for r in [0, 2, 3, 4] {
+        let m = members[r].as_ref().unwrap();
+        // Layout agreement, and stickiness: 4 takes 1's shard rank.
+        assert_eq!(
+            kv_layout(&members[r]),
+            vec![vec![0, 4], vec![2, 3]],
+            "member {r}'s layout"
+        );
+        assert_eq!(
+            m.top_level_view().unwrap().members,
+            vec![0, 2, 3, 4],
+            "member {r}'s top-level view"
+        );
+        assert!(m.layout_error().is_none());
+    }
+    assert_eq!(members[4].as_ref().unwrap().my_shard("kv"), Some(0));
+    assert_eq!(
+        entries(&members, 4),
+        entries(&members, 0),
+        "state transfer: the joiner starts from the shard's state"
+    );
+
+    // The shard goes on with its new member; the other shard is untouched.
+    send(&mut members, 0, "kv0 #3");
+    send(&mut members, 4, "kv0 from 4");
+    drive(&mut members, "the shard's messages after the change", |m| {
+        entries(m, 0).len() == 5 && entries(m, 4).len() == 5
+    });
+    let finished = finish(members);
+    let (zero, four) = (finished[0].clone().unwrap(), finished[4].clone().unwrap());
+    assert_eq!(zero, four, "total order: both members of kv shard 0 hold one sequence");
+    assert_eq!(
+        &zero[..3],
+        &[b"kv0 #0".to_vec(), b"kv0 #1".to_vec(), b"kv0 #2".to_vec()]
+    );
+    assert_eq!(
+        finished[2].clone().unwrap().len(),
+        2,
+        "no message of shard 0 reached shard 1"
+    );
+    assert_eq!(finished[2], finished[3]);
+}
+
+#[test]
+fn a_member_that_starts_later_is_laid_into_the_hole_with_the_shards_state() {
+    let name = unique("rl-join");
+    let mut members = join_all(&name, &[0, 1, 2, 3], Some(vec![0, 1, 2, 3]));
+    for i in 0..3 {
+        send(&mut members, 0, &format!("kv0 #{i}"));
+    }
+    drive(&mut members, "the first messages", |m| {
+        entries(m, 0).len() == 3 && entries(m, 1).len() == 3
+    });
+
+    // Member 1 fails: 3 members cannot hold 2 shards of 2, so the layout
+    // stays and says why; shard 0 runs on with member 0 alone.
+    members[1] = None;
+    drive(&mut members, "the view without member 1", |m| {
+        m[0].as_ref().unwrap().top_level_view().unwrap().members == vec![0, 2, 3]
+            && m[0].as_ref().unwrap().shard("kv").unwrap().group.view().members == vec![0]
+    });
+    let why = members[0]
+        .as_ref()
+        .unwrap()
+        .layout_error()
+        .expect("inadequate")
+        .to_string();
+    assert!(why.contains("kv"), "{why}");
+    assert_eq!(kv_layout(&members[0]), vec![vec![0, 1], vec![2, 3]]);
+    send(&mut members, 0, "kv0 #3 while short");
+    drive(&mut members, "a message while short", |m| entries(m, 0).len() == 4);
+
+    // Member 4 starts: it joins the top-level group, is given the layout,
+    // is laid into member 1's place, and joins shard 0 with its state.
+    let joiner = {
+        let name = name.clone();
+        std::thread::spawn(move || {
+            builder(&name, 4)
+                .initial_members(vec![0, 1, 2, 3])
+                .join_sharded_elastic(|_, _| Entries::default())
+        })
+    };
+    let started = Instant::now();
+    while !joiner.is_finished() {
+        for m in members.iter_mut().flatten() {
+            m.poll().expect("poll");
+        }
+        std::thread::yield_now();
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "member 4's join did not end"
+        );
+    }
+    members[4] = Some(joiner.join().expect("join thread").expect("member 4 joins"));
+    assert_eq!(
+        entries(&members, 4).len(),
+        4,
+        "state transfer: member 4 starts from shard 0's state"
+    );
+    drive(&mut members, "every member's new layout", |m| {
+        [0, 2, 3, 4]
+            .iter()
+            .all(|r| m[*r].as_ref().unwrap().layout().shards[0] == vec![vec![0, 4], vec![2, 3]])
+    });
+    assert!(members[0].as_ref().unwrap().layout_error().is_none());
+    send(&mut members, 4, "kv0 from 4");
+    drive(&mut members, "member 4's message", |m| {
+        entries(m, 0).len() == 5 && entries(m, 4).len() == 5
+    });
+    let finished = finish(members);
+    assert_eq!(finished[0], finished[4], "total order in shard 0 across the change");
+    assert_eq!(finished[0].as_ref().unwrap()[3], b"kv0 #3 while short".to_vec());
+}
+
+#[test]
+fn elastic_layout_refuses_what_it_cannot_do_with_the_reason() {
+    let refuse = |b: spindle::GroupBuilder, needle: &str| {
+        let err = b
+            .join_sharded_elastic(|_, _| Entries::default())
+            .err()
+            .unwrap_or_else(|| panic!("accepted; expected {needle:?}"));
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        assert!(err.to_string().contains(needle), "{err} (expected {needle:?})");
+    };
+    let name = unique("rl-bad");
+    let addresses = (0..5)
+        .map(|i| format!("127.0.0.1:{}", 40_000 + i).parse().unwrap())
+        .collect();
+    refuse(
+        builder(&name, 0).transport(Transport::Tcp(TcpTransport::new(addresses, "k"))),
+        "needs shared memory",
+    );
+    refuse(builder(&name, 0).membership(false), "turn membership on");
+    let mut ranks = SubgroupSpec::new("log", 1, 2);
+    ranks.senders = SenderSet::Ranks(vec![0]);
+    refuse(builder(&name, 0).subgroup(ranks), "senders = all");
+    let mut persistent = SubgroupSpec::new("log", 1, 2);
+    persistent.mode = DeliveryMode::Persistent;
+    refuse(builder(&name, 0).subgroup(persistent), "persistent");
+    refuse(Group::builder(&name).members(5).rank(0), "no subgroups");
+    refuse(builder(&name, 0).members(3), "subgroups");
+}
