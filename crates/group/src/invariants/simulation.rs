@@ -1509,6 +1509,20 @@ impl Cluster {
                 | GroupError::FellBehind { .. }
                 | GroupError::StateTransfer { .. }),
             ) if self.faults_injected || churn || slow => {
+                // Following an outer view, only that view takes a member
+                // out: no minority of its own, no removal the outer view
+                // did not make.
+                let outer_holds = match &e {
+                    GroupError::MinorityPartition { .. } => true,
+                    GroupError::Removed { .. } => self.outer_out_at[m].is_none(),
+                    _ => false,
+                };
+                if self.plan.follow_outer_lag_steps.is_some() && outer_holds {
+                    return Err(self.fail(Violation::new(
+                        "the view follows the outer view",
+                        format!("member {m} stopped although the outer view holds it: {e}"),
+                    )));
+                }
                 let text = format!("member {m} stops: {e}");
                 self.world.record(SimEvent::Note { at_ns, text });
                 self.ends[m] = MemberEnd::Stopped(e.to_string());
