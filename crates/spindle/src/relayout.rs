@@ -25,6 +25,10 @@
 //!  kv shard 1: {2, 3}   spare: 4      kv shard 1: {2, 3}  unchanged
 //! ```
 //!
+//! On tcp each group listens on ports of its own ([`offset_ports`]):
+//! the top-level group on the members' addresses, shard `k` on the ports
+//! `k + 1` higher.
+//!
 //! Every shard group is numbered by top-level rank (it has a row for
 //! every member of the top-level group, and its first view is the
 //! shard's members), so a member joins a shard under its own rank and
@@ -126,8 +130,44 @@ struct PendingJoin<U> {
 /// Starts joining shard `shard` of a subgroup on a thread, with the
 /// shard's first view `initial`: made by `join_sharded_elastic`, which
 /// holds the application maker, the configuration and the transport.
-type SpawnJoin<U> =
-    Box<dyn FnMut(&SubgroupSpec, usize, Vec<usize>) -> Result<JoinHandle<Result<Group<U>, Error>>, Error> + Send>;
+/// The third argument is the shard's place among every shard of every
+/// subgroup ([`shard_place`]: its port offset on tcp).
+type SpawnJoin<U> = Box<
+    dyn FnMut(&SubgroupSpec, usize, usize, Vec<usize>) -> Result<JoinHandle<Result<Group<U>, Error>>, Error> + Send,
+>;
+
+/// Shard `s` of subgroup `g`'s place among every shard of every
+/// subgroup, in the specification's order: `0..total shards`.
+fn shard_place(specs: &[SubgroupSpec], g: usize, s: usize) -> usize {
+    specs[..g].iter().map(|x| x.shards).sum::<usize>() + s
+}
+
+/// On tcp, the transport of the group at port offset `offset` (0: the
+/// top-level group, `1 + shard_place`: a shard's): every member's address
+/// (and the listen address) with its port `offset` higher. Shared memory
+/// as is.
+fn offset_ports(transport: &Transport, offset: usize) -> Result<Transport, Error> {
+    let shift = |a: std::net::SocketAddr| -> Result<std::net::SocketAddr, Error> {
+        let port = usize::from(a.port()) + offset;
+        let port = u16::try_from(port).map_err(|_| {
+            Error::Config(format!(
+                "address {a}: join_sharded_elastic on tcp needs ports {} to {port} free at it (one for the \
+                 top-level group, one per shard), past the last port",
+                a.port()
+            ))
+        })?;
+        Ok(std::net::SocketAddr::new(a.ip(), port))
+    };
+    match transport {
+        Transport::Tcp(tcp) => {
+            let mut tcp = tcp.clone();
+            tcp.members = tcp.members.iter().map(|a| shift(*a)).collect::<Result<_, _>>()?;
+            tcp.listen = tcp.listen.map(shift).transpose()?;
+            Ok(Transport::Tcp(tcp))
+        }
+        other => Ok(other.clone()),
+    }
+}
 
 /// What [`Sharded`] holds to re-lay out at run time.
 pub(crate) struct Elastic<U> {
@@ -170,7 +210,7 @@ impl<U> Elastic<U> {
     /// Join shard `s` of subgroup `g` on a thread: as a member of its
     /// first view if `initial` holds this member, else as a joiner.
     fn start_join(&mut self, specs: &[SubgroupSpec], g: usize, s: usize, initial: Vec<usize>) -> Result<(), Error> {
-        let handle = (self.spawn_join)(&specs[g], s, initial)?;
+        let handle = (self.spawn_join)(&specs[g], s, shard_place(specs, g, s), initial)?;
         self.pending.push(PendingJoin {
             subgroup_index: g,
             shard: s,
@@ -187,21 +227,23 @@ fn spawn_join<U: Upcalls + Send + 'static>(
     transport: Transport,
     rank: usize,
 ) -> SpawnJoin<U> {
-    Box::new(move |spec: &SubgroupSpec, s: usize, initial: Vec<usize>| {
-        let builder = GroupBuilder::from_config(shard_config(&top, spec, s, initial))
-            .rank(rank)
-            .transport(transport.clone())
-            .app(make_app(&spec.name, s));
-        std::thread::Builder::new()
-            .name(format!("spindle-join-{}-{s}", spec.name))
-            .spawn(move || builder.join())
-            .map_err(|e| {
-                Error::Thread(format!(
-                    "could not start the thread that joins shard {s} of subgroup {:?}: {e}",
-                    spec.name
-                ))
-            })
-    })
+    Box::new(
+        move |spec: &SubgroupSpec, s: usize, place: usize, initial: Vec<usize>| {
+            let builder = GroupBuilder::from_config(shard_config(&top, spec, s, initial))
+                .rank(rank)
+                .transport(offset_ports(&transport, 1 + place)?)
+                .app(make_app(&spec.name, s));
+            std::thread::Builder::new()
+                .name(format!("spindle-join-{}-{s}", spec.name))
+                .spawn(move || builder.join())
+                .map_err(|e| {
+                    Error::Thread(format!(
+                        "could not start the thread that joins shard {s} of subgroup {:?}: {e}",
+                        spec.name
+                    ))
+                })
+        },
+    )
 }
 
 /// One pass of the top-level group, then the layouts it computed applied
@@ -350,10 +392,16 @@ impl<A: Upcalls> GroupBuilder<A> {
     /// a member that fails or leaves is replaced in its shards by a spare
     /// member (one that no shard holds, or one that joins later), which
     /// joins the shard's group and gets its state from the shard's
-    /// members before its first delivery. Shared memory only in this
-    /// release. Each shard's group has a row for every member and is
-    /// numbered by top-level rank (a shard member's rank in its group is
-    /// its own rank).
+    /// members before its first delivery. Each shard's group has a row
+    /// for every member and is numbered by top-level rank (a shard
+    /// member's rank in its group is its own rank).
+    ///
+    /// Shared memory or tcp (not ofi yet). On tcp each group listens on
+    /// ports of its own: the top-level group on each member's address,
+    /// shard `k` (counting every shard of every subgroup, in the
+    /// specification's order, from 0) on the member's port `k + 1`
+    /// higher, so each member needs its port and the next
+    /// `total shards` free.
     ///
     /// `make_app(subgroup, shard)` makes a shard's application whenever
     /// this member enters a shard, now or later, so it is kept (`'static`).
@@ -369,12 +417,35 @@ impl<A: Upcalls> GroupBuilder<A> {
         make_app: impl FnMut(&str, usize) -> U + Send + 'static,
     ) -> Result<Sharded<U>, Error> {
         self.check_sharded()?;
-        if !matches!(self.transport, Transport::Shm) {
+        if matches!(self.transport, Transport::Ofi(_)) {
             return Err(Error::Config(
-                "join_sharded_elastic needs shared memory in this release (on tcp and ofi each shard's group \
-                 listens on the member's one address); use join_sharded there, whose layout is the first view's"
+                "join_sharded_elastic runs on shared memory and tcp in this release, not ofi; use join_sharded \
+                 there, whose layout is the first view's"
                     .into(),
             ));
+        }
+        // On tcp every group has ports of its own: the top-level group the
+        // members' addresses, shard k (in specification order) the ports
+        // k + 1 higher. Check them all now, and that the query channel's
+        // addresses are none of them.
+        let shards_total: usize = self.subgroups.iter().map(|x| x.shards).sum();
+        let taken = offset_ports(&self.transport, shards_total)?;
+        if let (Transport::Tcp(tcp), Some(queries)) = (&self.transport, &self.query_addresses) {
+            let Transport::Tcp(last) = &taken else {
+                unreachable!("offset_ports keeps the transport")
+            };
+            let clash = queries.iter().find(|q| {
+                tcp.members
+                    .iter()
+                    .zip(&last.members)
+                    .any(|(first, last)| q.ip() == first.ip() && (first.port()..=last.port()).contains(&q.port()))
+            });
+            if let Some(q) = clash {
+                return Err(Error::Config(format!(
+                    "query address {q} is one of the ports the top-level group and the shards listen on \
+                     (each member's port and the {shards_total} above it)"
+                )));
+            }
         }
         if !self.config.membership {
             return Err(Error::Config(

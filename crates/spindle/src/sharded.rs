@@ -7,7 +7,7 @@
 //! senders, delivery mode and total order, delivered only to its
 //! members. `join_sharded` keeps the first view's layout;
 //! [`GroupBuilder::join_sharded_elastic`] lays the members out again at
-//! every view change of a top-level group of them all (shared memory).
+//! every view change of a top-level group of them all (shared memory or tcp).
 //!
 //! ```no_run
 //! use spindle::group_layer::subgroup::SubgroupSpec;

@@ -58,12 +58,16 @@ fn builder(name: &str, rank: usize) -> spindle::GroupBuilder {
 /// Join every rank of `ranks` at once (each on a thread; the joins wait
 /// for each other).
 fn join_all(name: &str, ranks: &[usize], initial: Option<Vec<usize>>) -> Vec<Option<Member>> {
+    join_all_on(name, ranks, initial, Transport::Shm)
+}
+
+fn join_all_on(name: &str, ranks: &[usize], initial: Option<Vec<usize>>, transport: Transport) -> Vec<Option<Member>> {
     let threads: Vec<_> = ranks
         .iter()
         .map(|&rank| {
-            let (name, initial) = (name.to_string(), initial.clone());
+            let (name, initial, transport) = (name.to_string(), initial.clone(), transport.clone());
             std::thread::spawn(move || {
-                let mut b = builder(&name, rank);
+                let mut b = builder(&name, rank).transport(transport);
                 if let Some(initial) = initial {
                     b = b.initial_members(initial);
                 }
@@ -154,8 +158,35 @@ fn finish(members: Vec<Option<Member>>) -> Vec<Option<Vec<Vec<u8>>>> {
 
 #[test]
 fn a_spare_member_takes_a_failed_members_place_in_its_shard_with_its_state() {
-    let name = unique("rl-spare");
-    let mut members = join_all(&name, &[0, 1, 2, 3, 4], None);
+    spare_takes_the_failed_members_place(&unique("rl-spare"), Transport::Shm);
+}
+
+/// `ports` consecutive free ports on loopback, for each of `members`.
+fn free_port_blocks(members: usize, ports: u16) -> Vec<std::net::SocketAddr> {
+    let mut bases = Vec::new();
+    let mut candidate: u16 = 20_000 + (std::process::id() % 20_000) as u16;
+    while bases.len() < members {
+        let all_free = (0..ports).all(|p| std::net::TcpListener::bind(("127.0.0.1", candidate + p)).is_ok());
+        if all_free {
+            bases.push(format!("127.0.0.1:{candidate}").parse().unwrap());
+        }
+        candidate += ports;
+        assert!(candidate < 60_000, "no free ports");
+    }
+    bases
+}
+
+#[test]
+fn tcp_a_spare_member_takes_a_failed_members_place_in_its_shard_with_its_state() {
+    // Each member: its port for the top-level group, the next two for
+    // kv shards 0 and 1.
+    let addresses = free_port_blocks(5, 3);
+    let transport = Transport::Tcp(TcpTransport::new(addresses, "relayout-test-key-0123456789"));
+    spare_takes_the_failed_members_place(&unique("rl-tcp"), transport);
+}
+
+fn spare_takes_the_failed_members_place(name: &str, transport: Transport) {
+    let mut members = join_all_on(name, &[0, 1, 2, 3, 4], None, transport);
     // 5 members, kv = 2 shards of 2: {0, 1}, {2, 3}; 4 is spare.
     assert_eq!(kv_layout(&members[0]), vec![vec![0, 1], vec![2, 3]]);
     assert!(
@@ -305,12 +336,31 @@ fn elastic_layout_refuses_what_it_cannot_do_with_the_reason() {
         assert!(err.to_string().contains(needle), "{err} (expected {needle:?})");
     };
     let name = unique("rl-bad");
-    let addresses = (0..5)
-        .map(|i| format!("127.0.0.1:{}", 40_000 + i).parse().unwrap())
+    let addresses: Vec<std::net::SocketAddr> = (0..5)
+        .map(|i| format!("127.0.0.1:{}", 40_000 + 10 * i).parse().unwrap())
         .collect();
     refuse(
-        builder(&name, 0).transport(Transport::Tcp(TcpTransport::new(addresses, "k"))),
-        "needs shared memory",
+        builder(&name, 0).transport(Transport::Ofi(spindle::OfiTransport::new(
+            addresses.clone(),
+            "relayout-test-key-0123456789",
+            "tcp",
+        ))),
+        "not ofi",
+    );
+    let tcp = Transport::Tcp(TcpTransport::new(addresses.clone(), "relayout-test-key-0123456789"));
+    let clashing = (0..5)
+        .map(|i| format!("127.0.0.1:{}", 40_002 + 10 * i).parse().unwrap())
+        .collect();
+    refuse(
+        builder(&name, 0).transport(tcp).queries(true).query_addresses(clashing),
+        "is one of the ports the top-level group and the shards listen on",
+    );
+    let high: Vec<std::net::SocketAddr> = (0..5)
+        .map(|i| format!("127.0.0.1:{}", 65_534 - i).parse().unwrap())
+        .collect();
+    refuse(
+        builder(&name, 0).transport(Transport::Tcp(TcpTransport::new(high, "relayout-test-key-0123456789"))),
+        "past the last port",
     );
     refuse(builder(&name, 0).membership(false), "turn membership on");
     let mut ranks = SubgroupSpec::new("log", 1, 2);
