@@ -17,7 +17,8 @@
 //! map.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use spindle::{Group, Replicated, Sharded, SubgroupSpec};
 
@@ -32,6 +33,9 @@ const SPARE: usize = 4;
 /// Survivors done with their part (each keeps polling, so the others
 /// progress, until all are).
 static READY: AtomicUsize = AtomicUsize::new(0);
+
+/// When member 1 failed (for the time the spare took to take over).
+static FAILED_AT: OnceLock<Instant> = OnceLock::new();
 
 type Member = Sharded<Replicated<Map>>;
 
@@ -63,6 +67,7 @@ fn member(name: &str, rank: usize) -> Result<Option<(usize, u64)>, spindle::Erro
     if rank == FAILING {
         m.run_until(Duration::from_secs(30), |m| keys(m) == KEYS)?;
         println!("member {rank}: holds {KEYS} keys, and fails now");
+        FAILED_AT.get_or_init(Instant::now);
         drop(m);
         return Ok(None);
     }
@@ -77,8 +82,9 @@ fn member(name: &str, rank: usize) -> Result<Option<(usize, u64)>, spindle::Erro
         m.my_shard("kv")
     );
     if rank == SPARE {
+        let took = FAILED_AT.get().map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
         println!(
-            "member {rank}: joined kv shard 0 holding {} keys (its state transfer)",
+            "member {rank}: joined kv shard 0 holding {} keys (its state transfer), {took:.1} ms after member {FAILING} failed",
             keys(&m)
         );
         while m.send("kv", b"user-new=member 4").is_err() {
