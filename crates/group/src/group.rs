@@ -405,8 +405,8 @@ impl<F: Fabric> Group<F> {
 
     /// Follow an outer group's view for failures (see
     /// [`GroupCore::follow_view`]).
-    pub fn follow_view(&mut self, outer_members: Option<&[usize]>) {
-        self.core.follow_view(outer_members)
+    pub fn follow_view(&mut self, left_out: Option<&[usize]>) {
+        self.core.follow_view(left_out)
     }
 
     /// The first half of [`Group::leave`], without waiting: ask for a view

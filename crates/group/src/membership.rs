@@ -180,9 +180,9 @@ pub(crate) struct MembershipState {
     pub(crate) current: View,
     /// Installs not yet reported through `view_installed`.
     pending_upcall: bool,
-    /// The members of an outer group's view that this group follows
-    /// ([`GroupCore::follow_view`]): it suspects exactly the members
-    /// outside it, and the outer group's majority rule stands for its own.
+    /// Following an outer group's view ([`GroupCore::follow_view`]): the
+    /// members that view has left out. This member suspects exactly
+    /// those, and the outer group's majority rule stands for its own.
     authority: Option<u64>,
 }
 
@@ -463,18 +463,20 @@ impl<F: Fabric> GroupCore<F> {
         self.mship.joining || self.mship.awaiting_snapshot.is_some()
     }
 
-    /// Follow an outer group's view (`Some(its members)`, ranks shared
-    /// with this group), as a shard follows the top-level group
-    /// (Derecho's subgroup views, which are cut from the top-level one):
-    /// from the next failure check on, this member suspects exactly the
-    /// members of its view that the outer view does not hold, not
-    /// those whose heartbeat stalls or whose process is gone, and the
-    /// majority rule is the outer group's (one member of a shard of two
-    /// goes on when the top-level view says the other is out). Every
-    /// member of this group must follow the same outer group. `None`:
-    /// decide alone again.
-    pub fn follow_view(&mut self, outer_members: Option<&[usize]>) {
-        self.mship.authority = outer_members.map(|m| m.iter().fold(0u64, |mask, r| mask | (1u64 << r)));
+    /// Follow an outer group's view, as a shard follows the top-level
+    /// group (Derecho's subgroup views, which are cut from the top-level
+    /// one): `Some(left_out)`, the members (ranks shared with this group)
+    /// that the outer view has left out. From the next failure check on,
+    /// this member suspects exactly the members of its view that are
+    /// left out, not those whose heartbeat stalls or whose process is
+    /// gone, and the majority rule is the outer group's (one member of a
+    /// shard of two goes on when the top-level view says the other is
+    /// out). A member the outer view has not heard of yet (a joiner this
+    /// member's outer view lags behind) is not left out. Every member of
+    /// this group must follow the same outer group. `None`: decide alone
+    /// again.
+    pub fn follow_view(&mut self, left_out: Option<&[usize]>) {
+        self.mship.authority = left_out.map(|m| m.iter().fold(0u64, |mask, r| mask | (1u64 << r)));
     }
 
     // ---- the protocol -------------------------------------------------------
@@ -579,7 +581,7 @@ impl<F: Fabric> GroupCore<F> {
             }
             let stalled = now_ns.saturating_sub(self.mship.hb_moved_ns[r]) > self.mship.suspect_timeout_ns;
             let out = match self.mship.authority {
-                Some(outer) => outer & (1 << r) == 0,
+                Some(left_out) => left_out & (1 << r) != 0,
                 None => lost & (1 << r) != 0 || stalled,
             };
             if out {

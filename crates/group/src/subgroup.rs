@@ -351,7 +351,9 @@ impl LayoutFunction for StickyLayout {
     }
 }
 
-fn validate_specs(specs: &[SubgroupSpec]) -> Result<(), LayoutError> {
+/// Check a specification: each subgroup valid, no more than
+/// [`SUBGROUPS_MAX`] of them, names distinct.
+pub fn validate_specs(specs: &[SubgroupSpec]) -> Result<(), LayoutError> {
     if specs.len() > SUBGROUPS_MAX {
         return Err(LayoutError::TooManySubgroups { count: specs.len() });
     }

@@ -86,15 +86,12 @@ impl Upcalls for LayoutKeeper {
         match subgroup::lay_out(&*self.function, &self.specs, view.id, &view.members, Some(previous)) {
             Ok(next) => {
                 self.inadequate = None;
-                if self.fresh.len() == FRESH_LAYOUTS_MAX {
-                    // Applied from the one before instead: the shards
-                    // entered are still entered, from fewer survivors.
-                    self.fresh.pop_front();
-                    tracing::warn!(
-                        view = view.id,
-                        "more than {FRESH_LAYOUTS_MAX} layouts not yet applied: the oldest is skipped"
-                    );
-                }
+                // Sharded::poll takes every layout after each pass of the
+                // top-level group, which installs one view at most.
+                assert!(
+                    self.fresh.len() < FRESH_LAYOUTS_MAX,
+                    "layout agreement: {FRESH_LAYOUTS_MAX} layouts not yet applied (each must be, in sequence)"
+                );
                 self.fresh.push_back(next.clone());
                 self.layout = Some(next);
             }
@@ -174,8 +171,18 @@ pub(crate) struct Elastic<U> {
     control: Group<LayoutKeeper>,
     spawn_join: SpawnJoin<U>,
     pending: Vec<PendingJoin<U>>,
-    /// The top-level view the shard groups were last told to follow.
+    /// The top-level view the shard groups were last told to follow
+    /// (none: tell them again).
     followed_view: Option<u64>,
+    /// Every rank that was in a top-level view this member installed.
+    ever_top: u64,
+    /// By subgroup, by shard: every rank this member's applied layouts
+    /// put in that shard.
+    ever_in_shard: Vec<Vec<u64>>,
+}
+
+fn mask_of(ranks: &[usize]) -> u64 {
+    ranks.iter().fold(0u64, |mask, r| mask | (1u64 << r))
 }
 
 impl<U> Elastic<U> {
@@ -273,8 +280,15 @@ pub(crate) fn step<U: Upcalls + Send>(sharded: &mut Sharded<U>) -> Result<u32, E
     };
     while let Some(next) = el.control.app_mut().fresh.pop_front() {
         let previous = std::mem::replace(layout, next);
+        for (g, shards_of_g) in layout.shards.iter().enumerate() {
+            for (s, members) in shards_of_g.iter().enumerate() {
+                el.ever_in_shard[g][s] |= mask_of(members);
+            }
+        }
+        el.followed_view = None;
         let in_layout = |l: &Layout, g: usize, s: usize| l.members(g, s).is_some_and(|m| m.contains(&rank));
-        // Laid out of a shard: leave it (the others see this member go).
+        // Laid out of a shard: drop it (the others remove this member,
+        // which their layout leaves out of it).
         shards.retain(|x| in_layout(layout, x.subgroup_index, x.shard));
         for x in shards.iter_mut() {
             x.members = layout.shards[x.subgroup_index][x.shard].clone();
@@ -326,6 +340,10 @@ pub(crate) fn step<U: Upcalls + Send>(sharded: &mut Sharded<U>) -> Result<u32, E
             .unwrap_or_else(|_| Err(Error::Thread("a shard's join panicked".into())))
             .map_err(|e| match e {
                 Error::Config(why) => Error::Config(format!("subgroup {:?} shard {}: {why}", spec.name, p.shard)),
+                Error::Timeout { waiting_for, waited_ms } => Error::Timeout {
+                    waiting_for: format!("subgroup {:?} shard {} ({waiting_for})", spec.name, p.shard),
+                    waited_ms,
+                },
                 other => other,
             })?;
         work += 1;
@@ -342,13 +360,22 @@ pub(crate) fn step<U: Upcalls + Send>(sharded: &mut Sharded<U>) -> Result<u32, E
             _ => drop(group),
         }
     }
-    // Each shard's group takes its failures from the top-level view: it
-    // removes exactly the members that view left out (no shard decides
+    // Each shard's group takes its failures from the top-level view and
+    // the layout: it removes exactly the members that the top-level view
+    // left out or the layout moved out of the shard (no shard decides
     // alone, so a shard of two survives one failure and no shard splits).
+    // A member this member has not seen in a view or a layout yet (one
+    // being admitted while this member lags) is not left out.
     let core = el.control.inner().core();
     if el.followed_view != Some(core.view()) {
+        let top = mask_of(core.members());
+        el.ever_top |= top;
         for x in shards.iter_mut() {
-            x.group.inner_mut().follow_view(Some(core.members()));
+            let (g, s) = (x.subgroup_index, x.shard);
+            let in_shard = layout.members(g, s).map_or(0, mask_of);
+            let left_out = (el.ever_top & !top) | (el.ever_in_shard[g][s] & !in_shard);
+            let ranks: Vec<usize> = (0..64).filter(|r| left_out >> r & 1 == 1).collect();
+            x.group.inner_mut().follow_view(Some(&ranks));
         }
         el.followed_view = Some(core.view());
     }
@@ -380,9 +407,19 @@ impl<U: Upcalls + Send> Sharded<U> {
 
     /// Split off the top-level group (for `finish_together`), once every
     /// pending join is done (up to `timeout`).
+    /// The shards decide failures alone again from here (nothing applies
+    /// the top-level views any more): a member that fails during the
+    /// finish is removed by heartbeat, and a shard of two then stops with
+    /// an error rather than wait for ever.
     pub(crate) fn take_control(&mut self, timeout: Duration) -> Result<Option<Group<LayoutKeeper>>, Error> {
         self.wait_joins(timeout)?;
-        Ok(self.elastic.take().map(|e| e.control))
+        let control = self.elastic.take().map(|e| e.control);
+        if control.is_some() {
+            for x in self.shards.iter_mut() {
+                x.group.inner_mut().follow_view(None);
+            }
+        }
+        Ok(control)
     }
 }
 
@@ -468,6 +505,7 @@ impl<A: Upcalls> GroupBuilder<A> {
                 )));
             }
         }
+        subgroup::validate_specs(&self.subgroups).map_err(|e| Error::Config(format!("subgroups: {e}")))?;
         let function: Arc<dyn LayoutFunction> = match self.layout_function.take() {
             Some(f) => Arc::from(f),
             None => Arc::new(StickyLayout),
@@ -517,6 +555,11 @@ impl<A: Upcalls> GroupBuilder<A> {
         };
         let queries = self.open_queries()?;
         let join_timeout = self.config.join_timeout;
+        let ever_in_shard: Vec<Vec<u64>> = start
+            .shards
+            .iter()
+            .map(|of_g| of_g.iter().map(|members| mask_of(members)).collect())
+            .collect();
         let mut sharded = Sharded {
             name: self.config.name.clone(),
             rank: self.rank,
@@ -529,6 +572,8 @@ impl<A: Upcalls> GroupBuilder<A> {
                 spawn_join: spawn_join(make_app, self.config, self.transport, self.rank),
                 pending: Vec::new(),
                 followed_view: None,
+                ever_top: 0,
+                ever_in_shard,
             }),
         };
         if !joining {

@@ -380,10 +380,18 @@ impl<U: Upcalls + Send> Sharded<U> {
     pub fn send(&self, subgroup: &str, payload: &[u8]) -> Result<(), Error> {
         let g = self.subgroup_index(subgroup)?;
         let shard = self.shards.iter().find(|s| s.subgroup_index == g).ok_or_else(|| {
-            Error::Config(format!(
-                "member {} is in no shard of subgroup {subgroup:?} (its shards: {:?})",
-                self.rank, self.layout.shards[g]
-            ))
+            let joining = self.layout.shards[g].iter().position(|m| m.contains(&self.rank));
+            Error::Config(match joining {
+                Some(s) => format!(
+                    "member {} is laid into shard {s} of subgroup {subgroup:?} but is still joining its group \
+                     (join_sharded_elastic): send once Sharded::joining_shards is empty",
+                    self.rank
+                ),
+                None => format!(
+                    "member {} is in no shard of subgroup {subgroup:?} (its shards: {:?})",
+                    self.rank, self.layout.shards[g]
+                ),
+            })
         })?;
         shard.group.send(payload)
     }
@@ -453,11 +461,16 @@ impl<U: Upcalls + Send> Sharded<U> {
             if request.len() > spindle_group::query::QUERY_PAYLOAD_BYTES_MAX {
                 return Err(too_long.into());
             }
-            let local = self
+            let Some(local) = self
                 .shards
                 .iter_mut()
                 .find(|x| x.subgroup_index == g && x.shard == shard)
-                .expect("a member of a shard has joined its group");
+            else {
+                return Err(Error::Config(format!(
+                    "member {member} is laid into shard {shard} of subgroup {subgroup:?} but is still joining \
+                     its group (join_sharded_elastic): ask again once Sharded::joining_shards is empty"
+                )));
+            };
             let mut reply = Vec::new();
             local
                 .group

@@ -372,3 +372,69 @@ fn elastic_layout_refuses_what_it_cannot_do_with_the_reason() {
     refuse(Group::builder(&name).members(5).rank(0), "no subgroups");
     refuse(builder(&name, 0).members(3), "subgroups");
 }
+
+/// A layout function that moves live member 1 out of kv's one shard
+/// (for member 4) once member 3 has gone.
+struct MoveOneOut;
+
+impl spindle::LayoutFunction for MoveOneOut {
+    fn layout(
+        &self,
+        _specs: &[SubgroupSpec],
+        view_id: u64,
+        view_members: &[usize],
+        _previous: Option<&spindle::Layout>,
+    ) -> Result<spindle::Layout, spindle::group_layer::subgroup::LayoutError> {
+        let members = if view_members.contains(&3) {
+            vec![0, 1]
+        } else {
+            vec![0, 4]
+        };
+        Ok(spindle::Layout {
+            view_id,
+            shards: vec![vec![members]],
+        })
+    }
+}
+
+#[test]
+fn a_live_member_laid_out_of_its_shard_is_removed_from_it_and_the_shard_goes_on() {
+    let name = unique("rl-move");
+    let threads: Vec<_> = (0..5)
+        .map(|rank| {
+            let name = name.clone();
+            std::thread::spawn(move || {
+                Group::builder(&name)
+                    .members(5)
+                    .rank(rank)
+                    .join_timeout(Duration::from_secs(30))
+                    .subgroup(SubgroupSpec::new("kv", 1, 2))
+                    .layout_function(MoveOneOut)
+                    .join_sharded_elastic(|_, _| Entries::default())
+            })
+        })
+        .collect();
+    let mut members: Vec<Option<Member>> = threads
+        .into_iter()
+        .map(|t| Some(t.join().expect("join thread").expect("join")))
+        .collect();
+    send(&mut members, 1, "from 1");
+    drive(&mut members, "member 1's message", |m| {
+        entries(m, 0).len() == 1 && entries(m, 1).len() == 1
+    });
+    // Member 3 goes: the layout moves member 1 (alive) out for member 4.
+    members[3] = None;
+    drive(&mut members, "member 4 in the shard, member 1 out", |m| {
+        entries(m, 4).len() == 1
+            && m[1].as_ref().unwrap().shards().is_empty()
+            && m[0].as_ref().unwrap().shard("kv").unwrap().group.view().members == vec![0, 4]
+    });
+    assert!(members[1].as_ref().unwrap().my_shard("kv").is_none());
+    send(&mut members, 0, "after the move");
+    drive(&mut members, "the shard's message after the move", |m| {
+        entries(m, 0).len() == 2 && entries(m, 4).len() == 2
+    });
+    let finished = finish(members);
+    assert_eq!(finished[0], finished[4]);
+    assert_eq!(finished[1], Some(Vec::new()), "member 1 holds no shard at the end");
+}

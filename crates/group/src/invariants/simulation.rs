@@ -1286,9 +1286,9 @@ impl Cluster {
 
     /// Following an outer view (see [`SimPlan::follow_outer_lag_steps`]):
     /// the outer view leaves out a member from the step it crashed or
-    /// stopped, and the minority side of a partition from its start (the
-    /// outer group keeps its majority); each member learns of it its lag
-    /// later. A member the outer view leaves out stops, as a shard member
+    /// stopped, and at a partition's start the side without a majority
+    /// of its live members (both sides of an even split: the outer group
+    /// stops too); each member learns of it its lag later. A member the outer view leaves out stops, as a shard member
     /// out of the top-level view does.
     fn follow_outer_view(&mut self) {
         let Some(lags) = self.plan.follow_outer_lag_steps.clone() else {
@@ -1302,14 +1302,21 @@ impl Cluster {
         }
         if let Some(p) = self.plan.partition {
             if p.start_step == self.step {
-                let rest = PeerSet::all(n).0 & !p.side.0;
-                let minority = match p.side.0.count_ones().cmp(&rest.count_ones()) {
-                    std::cmp::Ordering::Less => p.side.0,
-                    std::cmp::Ordering::Greater => rest,
-                    std::cmp::Ordering::Equal if p.side.0 & 1 == 0 => p.side.0,
-                    std::cmp::Ordering::Equal => rest,
+                // The outer group keeps the side with a majority of its
+                // live members; with none (an even split), neither side.
+                let live = (0..n)
+                    .filter(|r| self.outer_out_at[*r].is_none())
+                    .fold(0u64, |mask, r| mask | (1 << r));
+                let side = p.side.0 & live;
+                let rest = live & !side;
+                let out = if side.count_ones() * 2 > live.count_ones() {
+                    rest
+                } else if rest.count_ones() * 2 > live.count_ones() {
+                    side
+                } else {
+                    live
                 };
-                for r in PeerSet(minority).iter() {
+                for r in PeerSet(out).iter() {
                     self.outer_out_at[r].get_or_insert(self.step);
                 }
             }
@@ -1318,10 +1325,10 @@ impl Cluster {
             if self.ends[m] != MemberEnd::Running {
                 continue;
             }
-            let outer: Vec<usize> = (0..n)
-                .filter(|r| self.outer_out_at[*r].is_none_or(|at| self.step < at + lag))
+            let left_out: Vec<usize> = (0..n)
+                .filter(|r| self.outer_out_at[*r].is_some_and(|at| self.step >= at + lag))
                 .collect();
-            if !outer.contains(&m) {
+            if left_out.contains(&m) {
                 let at_ns = self.world.now_ns();
                 let text = format!("member {m} stops: the outer view left it out");
                 self.world.record(SimEvent::Note { at_ns, text });
@@ -1330,7 +1337,7 @@ impl Cluster {
                 continue;
             }
             if let Some(agent) = self.agents[m].as_mut() {
-                agent.group.follow_view(Some(&outer));
+                agent.group.follow_view(Some(&left_out));
             }
         }
     }
