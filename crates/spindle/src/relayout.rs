@@ -39,7 +39,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spindle_group::config::{DeliveryMode, SenderSet};
 use spindle_group::subgroup::{self, Layout, LayoutError, LayoutFunction, StickyLayout, SubgroupSpec};
@@ -386,23 +386,14 @@ impl<U: Upcalls + Send> Sharded<U> {
     /// Drive everything until no shard join is pending; fails after
     /// `timeout`.
     fn wait_joins(&mut self, timeout: Duration) -> Result<(), Error> {
-        let started = Instant::now();
-        let mut idle_passes: u32 = 0;
-        while self.elastic.as_ref().is_some_and(|e| !e.pending.is_empty()) {
-            if self.poll()? > 0 {
-                idle_passes = 0;
-            } else {
-                idle_passes = idle_passes.saturating_add(1);
-                self.idle(idle_passes);
-            }
-            if started.elapsed() > timeout {
-                return Err(Error::Timeout {
+        self.run_until(timeout, |s| s.elastic.as_ref().is_none_or(|e| e.pending.is_empty()))
+            .map_err(|e| match e {
+                Error::Timeout { waited_ms, .. } => Error::Timeout {
                     waiting_for: "this member's shard groups to admit it".into(),
-                    waited_ms: timeout.as_millis() as u64,
-                });
-            }
-        }
-        Ok(())
+                    waited_ms,
+                },
+                other => other,
+            })
     }
 
     /// Split off the top-level group (for `finish_together`), once every
