@@ -465,7 +465,11 @@ fn finish_barrier<F: Fabric>(fabric: &F, layout: &RtLayout, spec: &ScenarioSpec)
 pub fn channels_of(spec: &ScenarioSpec, period_index: usize) -> Result<Vec<ChannelSpec>, String> {
     let period_ns = *spec.period_ns.get(period_index).ok_or("no period given")?;
     let size_max = spec.sizes.iter().copied().max().ok_or("no message size given")?;
-    let compute = |bytes: usize, n: usize| measure_channel_compute_ns(bytes, n, 64, 5_000);
+    // A measured compute time never exceeds the task's deadline: where the
+    // copy is that slow the admission test rejects the set; a task spec
+    // it could not even state would stop the run instead.
+    let compute =
+        |bytes: usize, n: usize, deadline_ns: u64| measure_channel_compute_ns(bytes, n, 64, 5_000).min(deadline_ns);
     let stage_qos = |s: &StageSpec| TimeQos::new(s.offset_ns, period_ns, s.deadline_ns);
     let mut channels = Vec::new();
     match spec.scenario {
@@ -492,8 +496,8 @@ pub fn channels_of(spec: &ScenarioSpec, period_index: usize) -> Result<Vec<Chann
                     policy: IteratorPolicy::Fifo,
                     send_qos: stage_qos(s),
                     receive_qos: stage_qos(r),
-                    send_compute_ns: s.compute_ns.max(compute(size_max, 1)),
-                    receive_compute_ns: r.compute_ns.max(compute(size_max, 1)),
+                    send_compute_ns: s.compute_ns.max(compute(size_max, 1, s.deadline_ns)),
+                    receive_compute_ns: r.compute_ns.max(compute(size_max, 1, r.deadline_ns)),
                 });
             }
         }
@@ -522,8 +526,8 @@ pub fn channels_of(spec: &ScenarioSpec, period_index: usize) -> Result<Vec<Chann
                     policy: IteratorPolicy::Fifo,
                     send_qos: stage_qos(send),
                     receive_qos: stage_qos(recv),
-                    send_compute_ns: compute(size_max, per_period),
-                    receive_compute_ns: compute(size_max, per_period),
+                    send_compute_ns: compute(size_max, per_period, send.deadline_ns),
+                    receive_compute_ns: compute(size_max, per_period, recv.deadline_ns),
                 });
             }
         }

@@ -130,14 +130,17 @@ pub fn calibrate_release_jitter(samples: usize, period_ns: u64, spin_ns: u64) ->
 }
 
 /// Measure a channel task's compute time for `message_bytes` messages,
-/// `messages` per period: worst of `rounds` copies through a pool and a
-/// slot-sized buffer, doubled for safety, at least `floor_ns`.
+/// `messages` per period: the 90th percentile of `rounds` copies through
+/// a pool and a slot-sized buffer, doubled for safety, at least
+/// `floor_ns`. Not the worst round: on a shared machine one round in 64
+/// may be preempted for milliseconds, which is interference (measured on
+/// its own, see `interference`), not the copy's cost.
 pub fn measure_channel_compute_ns(message_bytes: usize, messages: usize, rounds: usize, floor_ns: u64) -> u64 {
     let mut pool = BufferPool::new(IteratorPolicy::Fifo, messages.max(1), message_bytes.max(1));
     let mut slot = vec![0u8; messages.max(1) * (message_bytes + MESSAGE_HEADER_BYTES) + SLOT_HEADER_BYTES];
     let msg = vec![7u8; message_bytes.max(1)];
-    let mut worst = 0u64;
-    for _ in 0..rounds {
+    let mut took_ns = Vec::with_capacity(rounds.max(1));
+    for _ in 0..rounds.max(1) {
         for _ in 0..messages {
             let _ = pool.insert(&msg, 0);
         }
@@ -151,9 +154,11 @@ pub fn measure_channel_compute_ns(message_bytes: usize, messages: usize, rounds:
             .is_some()
         {}
         std::hint::black_box(&slot);
-        worst = worst.max(monotonic_ns() - t0);
+        took_ns.push(monotonic_ns() - t0);
     }
-    (worst * 2).max(floor_ns)
+    took_ns.sort_unstable();
+    let p90 = took_ns[(took_ns.len() * 9 / 10).min(took_ns.len() - 1)];
+    (p90 * 2).max(floor_ns)
 }
 
 #[cfg(test)]
