@@ -178,6 +178,9 @@ pub struct Counts {
     pub own_skipped: u64,
     /// Failed RTPS writes.
     pub rtps_write_errors: u64,
+    /// Times the bridge's Spindle reader joined the topic (when the RTPS
+    /// readers matched went from none to some).
+    pub group_reader_starts: u64,
     /// RTPS datagrams this process dropped as malformed (rustdds could
     /// not parse them; `null` when another `log` logger was installed).
     pub malformed_datagrams: Option<u64>,
@@ -191,6 +194,7 @@ impl From<BridgeCounts> for Counts {
             rtps_dropped: c.rtps_dropped,
             own_skipped: c.own_skipped,
             rtps_write_errors: c.rtps_write_errors,
+            group_reader_starts: c.group_reader_starts,
             malformed_datagrams: spindle::dds::rtps::malformed_datagrams(),
         }
     }
@@ -291,6 +295,9 @@ struct OrderCheck {
 
 /// Out-of-order samples listed in the result at most.
 const OUT_OF_ORDER_LISTED_MAX: usize = 16;
+/// How long `dds pub` waits at the end for its samples to be acknowledged
+/// in the group, and then by the RTPS readers.
+const FLUSH_WAIT: Duration = Duration::from_secs(30);
 
 impl OrderCheck {
     fn see(&mut self, key: u32, seq: u32) {
@@ -452,7 +459,13 @@ pub fn publish(args: PubArgs) -> Result<(), String> {
         written += 1;
     }
     let acked = match &bridge {
-        Some(b) => b.flush(written, Duration::from_secs(30)).map_err(|e| e.to_string())?,
+        Some(b) => {
+            // What was written has reached the bridge's Spindle reader
+            // (if an RTPS reader is matched) once every participant
+            // acknowledged it; then the bridge moves it out.
+            writer.wait_for_acknowledgments(FLUSH_WAIT).map_err(|e| e.to_string())?;
+            b.flush(FLUSH_WAIT).map_err(|e| e.to_string())?
+        }
         None => true,
     };
     let seconds = started.elapsed().as_secs_f64();

@@ -492,8 +492,8 @@ fn a_late_joining_transient_local_cyclone_reader_gets_the_history() {
 
 /// `spindle dds perf pair` between two Spindle participants with their
 /// RTPS gateways up, with and without the topic bridged out: every sample
-/// written is received (the bridge's reader is one reader more, and the
-/// writer waits for it); bad combinations are refused by name.
+/// written is received (no RTPS reader is matched, so the bridge's Spindle
+/// reader never joins the topic); bad combinations are refused by name.
 #[test]
 fn dds_perf_runs_with_the_gateway_present_and_with_the_topic_bridged() {
     for (domain, bridge) in [("67", false), ("68", true)] {

@@ -480,46 +480,22 @@ impl DomainParticipant {
 
     /// A reader of `topic` with `qos` (in the default subscriber).
     pub fn create_reader<T: TopicType>(&self, topic: &Topic<T>, qos: ReaderQos) -> Result<DataReader<T>, DdsError> {
-        self.shared.check_running()?;
-        qos.validate()?;
-        let reliable_keep_all =
-            matches!(qos.reliability, Reliability::Reliable { .. }) && qos.history == History::KeepAll;
-        // Back-pressure pauses receiving while the history has less room
-        // than one pass can deliver (every sender's window): a smaller
-        // history would stop this participant receiving for good.
-        let pass_samples = self.shared.window_slots * self.shared.participants;
-        if reliable_keep_all && (qos.resource_limits.max_samples as usize) < pass_samples {
-            return Err(DdsError::Config(format!(
-                "a reliable keep-all reader needs max_samples >= participants x window_slots = {pass_samples} (has {}): a smaller history would stop its participant receiving; raise max_samples or lower ParticipantBuilder::window_slots",
-                qos.resource_limits.max_samples
-            )));
-        }
-        let id = ReaderId(self.shared.new_endpoint_id());
-        let shared = Arc::new(ReaderShared::new(id, qos.clone()));
-        self.shared
-            .registry
-            .lock()
-            .expect("registry lock")
-            .readers
-            .insert(id.0, shared.clone());
-        let announce = Announce {
-            msg: MSG_READER,
-            endpoint: id.0,
-            topic: topic.name.clone(),
-            type_name: topic.type_name.clone(),
-            partitions: qos.partition.names.clone(),
-            qos: qos.to_wire().as_bytes().to_vec(),
-        };
-        if let Err(e) = self.shared.announce(&announce) {
-            self.shared
-                .registry
-                .lock()
-                .expect("registry lock")
-                .readers
-                .remove(&id.0);
-            return Err(e);
-        }
-        Ok(DataReader::new(shared, self.shared.clone()))
+        create_reader_in(&self.shared, topic, qos)
+    }
+
+    /// What creates readers of `topic` with `qos` later, from another
+    /// thread (an RTPS bridge's, when an RTPS reader matches). The QoS is
+    /// checked now, so that a bad one is refused at the caller's call.
+    #[cfg(feature = "rtps")]
+    pub(crate) fn reader_maker<T: TopicType + 'static>(
+        &self,
+        topic: &Topic<T>,
+        qos: ReaderQos,
+    ) -> Result<impl FnMut() -> Result<DataReader<T>, DdsError> + Send + 'static, DdsError> {
+        check_reader_qos(&self.shared, &qos)?;
+        let shared = self.shared.clone();
+        let topic = topic.clone();
+        Ok(move || create_reader_in(&shared, &topic, qos.clone()))
     }
 
     /// Leave the domain: the others install a view without this
@@ -548,11 +524,72 @@ impl Drop for DomainParticipant {
     }
 }
 
+/// Refuse a reader QoS that is invalid, or that would stop its
+/// participant receiving.
+fn check_reader_qos(shared: &ParticipantShared, qos: &ReaderQos) -> Result<(), DdsError> {
+    qos.validate()?;
+    let reliable_keep_all = matches!(qos.reliability, Reliability::Reliable { .. }) && qos.history == History::KeepAll;
+    // Back-pressure pauses receiving while the history has less room
+    // than one pass can deliver (every sender's window): a smaller
+    // history would stop this participant receiving for good.
+    let pass_samples = shared.window_slots * shared.participants;
+    if reliable_keep_all && (qos.resource_limits.max_samples as usize) < pass_samples {
+        return Err(DdsError::Config(format!(
+            "a reliable keep-all reader needs max_samples >= participants x window_slots = {pass_samples} (has {}): a smaller history would stop its participant receiving; raise max_samples or lower ParticipantBuilder::window_slots",
+            qos.resource_limits.max_samples
+        )));
+    }
+    Ok(())
+}
+
+/// A reader of `topic` with `qos` in the participant of `shared`: it is
+/// matched once its announcement is delivered, in the domain's total
+/// order.
+fn create_reader_in<T: TopicType>(
+    shared: &Arc<ParticipantShared>,
+    topic: &Topic<T>,
+    qos: ReaderQos,
+) -> Result<DataReader<T>, DdsError> {
+    shared.check_running()?;
+    check_reader_qos(shared, &qos)?;
+    let id = ReaderId(shared.new_endpoint_id());
+    let reader = Arc::new(ReaderShared::new(id, qos.clone()));
+    shared
+        .registry
+        .lock()
+        .expect("registry lock")
+        .readers
+        .insert(id.0, reader.clone());
+    let announce = Announce {
+        msg: MSG_READER,
+        endpoint: id.0,
+        topic: topic.name.clone(),
+        type_name: topic.type_name.clone(),
+        partitions: qos.partition.names.clone(),
+        qos: qos.to_wire().as_bytes().to_vec(),
+    };
+    if let Err(e) = shared.announce(&announce) {
+        shared.registry.lock().expect("registry lock").readers.remove(&id.0);
+        return Err(e);
+    }
+    Ok(DataReader::new(reader, shared.clone()))
+}
+
 /// A typed topic: a name and the type `T` of its samples.
 pub struct Topic<T> {
     pub(crate) name: String,
     pub(crate) type_name: String,
     _type: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Topic<T> {
+    fn clone(&self) -> Self {
+        Topic {
+            name: self.name.clone(),
+            type_name: self.type_name.clone(),
+            _type: PhantomData,
+        }
+    }
 }
 
 impl<T> Topic<T> {

@@ -39,7 +39,14 @@
 //!
 //! - **group → RTPS**: a Spindle reader of the topic takes every sample
 //!   of every Spindle writer and an RTPS writer (CDR) writes it: RTPS
-//!   readers get each sample once.
+//!   readers get each sample once. That Spindle reader exists only while
+//!   at least one RTPS reader is matched with the bridge's RTPS writer: it
+//!   joins the topic when the first one matches (a transient-local one
+//!   starts from the history the participants keep, so a late RTPS reader
+//!   still gets it) and leaves when the last one goes. A topic bridged out
+//!   with no RTPS reader anywhere therefore costs its Spindle writers
+//!   nothing: they do not wait for a reader that has no one to serve
+//!   ([`BridgeCounts::group_reader_starts`] counts its joins).
 //! - **RTPS → group**: an RTPS reader takes every sample of every RTPS
 //!   writer and a Spindle writer, the bridge's *injector*, writes it into
 //!   the group: every Spindle reader (this participant's too) gets it once.
@@ -423,6 +430,10 @@ pub struct BridgeCounts {
     /// RTPS writes that failed (a reliable RTPS reader did not keep up
     /// within the writer's `max_blocking_time`).
     pub rtps_write_errors: u64,
+    /// Times the bridge's Spindle reader joined the topic: once each time
+    /// the RTPS readers matched went from none to some (see the module
+    /// docs).
+    pub group_reader_starts: u64,
 }
 
 struct BridgeShared {
@@ -432,6 +443,7 @@ struct BridgeShared {
     rtps_dropped: AtomicU64,
     own_skipped: AtomicU64,
     rtps_write_errors: AtomicU64,
+    group_reader_starts: AtomicU64,
     /// RTPS readers matched with the bridge's RTPS writer (refreshed every
     /// [`MATCH_REFRESH_PASSES`] passes).
     readers_matched: AtomicU64,
@@ -472,6 +484,7 @@ impl<T> RtpsBridge<T> {
             rtps_dropped: self.shared.rtps_dropped.load(Ordering::Relaxed),
             own_skipped: self.shared.own_skipped.load(Ordering::Relaxed),
             rtps_write_errors: self.shared.rtps_write_errors.load(Ordering::Relaxed),
+            group_reader_starts: self.shared.group_reader_starts.load(Ordering::Relaxed),
         }
     }
 
@@ -485,7 +498,9 @@ impl<T> RtpsBridge<T> {
         &self.topic
     }
 
-    /// RTPS readers matched with the bridge's RTPS writer.
+    /// RTPS readers matched with the bridge's RTPS writer (counted once
+    /// the bridge's Spindle reader has joined the topic for them: a
+    /// Spindle writer created after this count rose reaches them).
     pub fn rtps_readers_matched(&self) -> u64 {
         // Relaxed: a count refreshed by the bridge thread, read to poll.
         self.shared.readers_matched.load(Ordering::Relaxed)
@@ -550,28 +565,22 @@ impl<T> RtpsBridge<T> {
         }
     }
 
-    /// Wait up to `timeout` until every sample a Spindle writer wrote
-    /// before this call went out to RTPS (`written` of them in all, as
-    /// counted by the caller) and every matched reliable RTPS reader
-    /// acknowledged it. `Ok(false)`: not within `timeout`.
-    pub fn flush(&self, written: u64, timeout: Duration) -> Result<bool, DdsError> {
+    /// Wait up to `timeout` until every sample the bridge's Spindle
+    /// reader has received went out to RTPS and every matched reliable
+    /// RTPS reader acknowledged it. Call it after the Spindle writers'
+    /// [`super::DataWriter::wait_for_acknowledgments`], so that what they
+    /// wrote has reached the bridge. With no RTPS reader matched nothing
+    /// is owed to anyone: `Ok(true)` (a transient-local RTPS reader that
+    /// matches later is served from the history). `Ok(false)`: not within
+    /// `timeout`.
+    pub fn flush(&self, timeout: Duration) -> Result<bool, DdsError> {
         let started = std::time::Instant::now();
-        while self.counts().to_rtps + self.counts().rtps_write_errors < written {
-            if let Some(why) = self.failure() {
-                return Err(DdsError::Stopped(why));
-            }
-            if started.elapsed() >= timeout {
-                return Ok(false);
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let left = timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(1));
         // Partner: the Acquire swap in the bridge loop, which answers in
         // `flush_result` (Release) ...
         self.shared.flush_result.store(0, Ordering::Relaxed);
         self.shared
             .flush_wait_ns
-            .store(left.as_nanos() as u64, Ordering::Release);
+            .store(timeout.as_nanos().max(1) as u64, Ordering::Release);
         loop {
             // ... read here (Acquire).
             match self.shared.flush_result.load(Ordering::Acquire) {
@@ -612,8 +621,8 @@ struct BridgeWorker<T: RtpsType> {
     /// bridge's own (not counted as matches; their samples not bridged
     /// back).
     own_participants: [Option<rustdds::GUID>; 2],
-    /// Group → RTPS: the Spindle reader and the RTPS writer.
-    outbound: Option<(super::DataReader<T>, rustdds::with_key::DataWriterCdr<OnWire<T>>)>,
+    /// Group → RTPS.
+    outbound: Option<Outbound<T>>,
     /// RTPS → group: the RTPS reader and the injector.
     inbound: Option<(rustdds::with_key::DataReaderCdr<OnWire<T>>, super::DataWriter<T>)>,
     /// Other participants' RTPS readers matched with our writer.
@@ -625,6 +634,22 @@ struct BridgeWorker<T: RtpsType> {
     /// [`RTPS_SYNC_WAIT`]).
     sync_pending: bool,
 }
+
+/// The group → RTPS side of a bridge.
+struct Outbound<T: RtpsType> {
+    /// The Spindle reader of the topic: `Some` while an RTPS reader is
+    /// matched (see the module docs).
+    reader: Option<super::DataReader<T>>,
+    /// Creates that reader (the bridge's `ReaderQos`, checked when the
+    /// bridge was made).
+    make_reader: Box<dyn FnMut() -> Result<super::DataReader<T>, DdsError> + Send>,
+    rtps_writer: rustdds::with_key::DataWriterCdr<OnWire<T>>,
+}
+
+/// Passes a flush drains the bridge's Spindle reader at most (each moves
+/// up to [`BRIDGE_BATCH_SAMPLES`]): a bound on the loop while writers
+/// keep writing.
+const FLUSH_DRAIN_PASSES_MAX: usize = 1 << 12;
 
 /// How long the first write after a new RTPS reader matched waits for
 /// every reader's acknowledgment. A volatile Cyclone DDS reader treats
@@ -675,11 +700,11 @@ impl<T: RtpsType> BridgeWorker<T> {
         // Partner: the Release store in RtpsBridge::drop.
         while !self.shared.stop.load(Ordering::Acquire) {
             if passes.is_multiple_of(MATCH_REFRESH_PASSES) {
-                self.refresh_matches();
+                self.refresh_matches()?;
             }
             passes = passes.wrapping_add(1);
             let moved = self.group_to_rtps()? + self.rtps_to_group()?;
-            self.answer_flush();
+            self.answer_flush()?;
             if moved > 0 {
                 idle_passes = 0;
             } else {
@@ -700,12 +725,14 @@ impl<T: RtpsType> BridgeWorker<T> {
     /// The match counts come as status events (bounded: the statuses
     /// queued since the last look). Only other participants' endpoints
     /// count: this participant's own reader and writer match each other.
-    fn refresh_matches(&mut self) {
+    /// The bridge's Spindle reader joins the topic when the first RTPS
+    /// reader matched and leaves when the last one went.
+    fn refresh_matches(&mut self) -> Result<(), String> {
         let own = self.own_participants;
         let is_own = |guid: rustdds::GUID| own.iter().flatten().any(|p| p.prefix == guid.prefix);
         for _ in 0..STATUS_EVENTS_MAX {
-            let Some((_, rtps_writer)) = &self.outbound else { break };
-            let Some(status) = rtps_writer.try_recv_status() else {
+            let Some(out) = &self.outbound else { break };
+            let Some(status) = out.rtps_writer.try_recv_status() else {
                 break;
             };
             if let rustdds::DataWriterStatus::PublicationMatched { current, reader, .. } = status {
@@ -726,36 +753,64 @@ impl<T: RtpsType> BridgeWorker<T> {
                 }
             }
         }
-        // Relaxed: counts polled by the handle.
+        if let Some(out) = &mut self.outbound {
+            match (self.remote_readers.is_empty(), out.reader.is_some()) {
+                (false, false) => {
+                    let reader = (out.make_reader)().map_err(|e| {
+                        format!("the Spindle reader for the RTPS readers that matched could not join: {e}")
+                    })?;
+                    out.reader = Some(reader);
+                    // Relaxed: a counter read for reporting.
+                    self.shared.group_reader_starts.fetch_add(1, Ordering::Relaxed);
+                }
+                // Its samples have no one to go to; dropping it retires
+                // it, and the topic's writers stop waiting for it.
+                (true, true) => out.reader = None,
+                _ => {}
+            }
+        }
+        // Relaxed: counts polled by the handle (the reader above is
+        // announced before the count that says it is there).
         self.shared
             .readers_matched
             .store(self.remote_readers.len() as u64, Ordering::Relaxed);
         self.shared
             .writers_matched
             .store(self.remote_writers.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
-    fn answer_flush(&mut self) {
+    /// A flush asked for: move out what the Spindle reader holds (a
+    /// bounded number of passes), then wait for the RTPS readers'
+    /// acknowledgments.
+    fn answer_flush(&mut self) -> Result<(), String> {
         // Partner: the Release store in RtpsBridge::flush.
         let flush_ns = self.shared.flush_wait_ns.swap(0, Ordering::Acquire);
         if flush_ns > 0 {
+            for _ in 0..FLUSH_DRAIN_PASSES_MAX {
+                if self.group_to_rtps()? == 0 {
+                    break;
+                }
+            }
             let acked = match &self.outbound {
-                Some((_, rtps_writer)) => rtps_writer
+                Some(out) if out.reader.is_some() => out
+                    .rtps_writer
                     .wait_for_acknowledgments(Duration::from_nanos(flush_ns))
                     .unwrap_or(false),
-                None => true,
+                _ => true,
             };
             // Partner: the Acquire load in RtpsBridge::flush.
             self.shared
                 .flush_result
                 .store(if acked { FLUSH_ACKED } else { FLUSH_TIMED_OUT }, Ordering::Release);
         }
+        Ok(())
     }
 
     /// Samples of Spindle writers out to RTPS (up to a batch); how many
     /// were taken.
     fn group_to_rtps(&mut self) -> Result<usize, String> {
-        let Some((reader, _)) = &self.outbound else {
+        let Some(reader) = self.outbound.as_ref().and_then(|out| out.reader.as_ref()) else {
             return Ok(0);
         };
         let samples = reader
@@ -786,7 +841,7 @@ impl<T: RtpsType> BridgeWorker<T> {
     fn write_rtps(&mut self, value: OnWire<T>) -> Result<(), String> {
         let mut pending = value;
         loop {
-            let Some((_, rtps_writer)) = &self.outbound else {
+            let Some(Outbound { rtps_writer, .. }) = &self.outbound else {
                 return Ok(());
             };
             match rtps_writer.write(pending, None) {
@@ -944,7 +999,11 @@ impl DomainParticipant {
             let rtps_writer = publisher
                 .create_datawriter_cdr::<OnWire<T>>(&rtps_topic, Some(w_qos.clone()))
                 .map_err(|e| rtps_error("writer", &e))?;
-            Some((self.create_reader(topic, reader_qos.clone())?, rtps_writer))
+            Some(Outbound {
+                reader: None,
+                make_reader: Box::new(self.reader_maker(topic, reader_qos.clone())?),
+                rtps_writer,
+            })
         } else {
             None
         };
@@ -976,6 +1035,7 @@ impl DomainParticipant {
             rtps_dropped: AtomicU64::new(0),
             own_skipped: AtomicU64::new(0),
             rtps_write_errors: AtomicU64::new(0),
+            group_reader_starts: AtomicU64::new(0),
             readers_matched: AtomicU64::new(0),
             writers_matched: AtomicU64::new(0),
             flush_wait_ns: AtomicU64::new(0),
@@ -1195,9 +1255,10 @@ mod two_way {
                 })
                 .expect("write");
         }
-        let acked = bridge
-            .flush(u64::from(SAMPLES), Duration::from_secs(60))
-            .expect("flush");
+        writer
+            .wait_for_acknowledgments(Duration::from_secs(60))
+            .expect("acknowledged in the group");
+        let acked = bridge.flush(Duration::from_secs(60)).expect("flush");
         assert!(acked, "every RTPS reader acknowledged: {:?}", bridge.counts());
 
         // rustdds's reader cache hands samples over by instance, not in
@@ -1238,5 +1299,159 @@ mod two_way {
             0,
             "no sample of the bridge's own came back in"
         );
+    }
+
+    /// An outside RTPS participant's reliable reader of `topic`.
+    fn outside_reader(
+        topic: &str,
+    ) -> (
+        rustdds::DomainParticipant,
+        rustdds::with_key::DataReaderCdr<OnWire<KeyedSeq>>,
+    ) {
+        let outside = rustdds::DomainParticipantBuilder::new(RTPS_DOMAIN_LAZY)
+            .same_host_loopback(true)
+            .with_only_networks([std::net::Ipv4Addr::LOCALHOST])
+            .build()
+            .expect("rustdds participant");
+        let qos = rustdds::QosPolicyBuilder::new()
+            .reliability(policy::Reliability::Reliable {
+                max_blocking_time: rustdds::Duration::from_secs(10),
+            })
+            .history(policy::History::KeepAll)
+            // rustdds evicts past 64 untaken samples when no limit is set.
+            .resource_limits(policy::ResourceLimits {
+                max_samples: 1 << 12,
+                max_instances: 16,
+                max_samples_per_instance: 1 << 12,
+            })
+            .build();
+        let rtps_topic = outside
+            .create_topic(topic.into(), "KeyedSeq".into(), &qos, rustdds::TopicKind::WithKey)
+            .expect("rtps topic");
+        let reader = outside
+            .create_subscriber(&qos)
+            .expect("subscriber")
+            .create_datareader_cdr::<OnWire<KeyedSeq>>(&rtps_topic, Some(qos))
+            .expect("rtps reader");
+        (outside, reader)
+    }
+
+    const RTPS_DOMAIN_LAZY: u16 = 78;
+
+    /// Wait (bounded) until `done`; false if it never was.
+    fn eventually(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        done()
+    }
+
+    /// A topic bridged out to RTPS: while no RTPS reader is matched, the
+    /// bridge has no Spindle reader and the topic's writer waits for no
+    /// one but its Spindle reader; an RTPS reader that matches makes the
+    /// bridge's reader join (the writer then waits for it too) and gets
+    /// what is written after, once each; when that reader goes, the
+    /// bridge's reader leaves again. With the bridge's reader always
+    /// there, the first check fails (the writer matched 2 readers).
+    #[test]
+    fn a_bridged_topic_holds_its_writers_back_only_while_an_rtps_reader_is_matched() {
+        let p = DomainParticipant::builder(0x4200_0000 | std::process::id())
+            .participants(1)
+            .max_sample_bytes(256)
+            .rtps(RtpsConfig::new(RTPS_DOMAIN_LAZY).loopback_only(true))
+            .join()
+            .expect("participant");
+        let topic = p.create_topic::<KeyedSeq>("lazy").expect("topic");
+        let wqos = WriterQos::default()
+            .keep_all()
+            .reliable(Duration::from_secs(10))
+            .max_sample_bytes(256);
+        let rqos = ReaderQos::default()
+            .keep_all()
+            .reliable(Duration::from_secs(10))
+            .resource_limits(ResourceLimits {
+                max_samples: 1 << 16,
+                max_instances: 16,
+                max_samples_per_instance: 1 << 16,
+            });
+        let bridge = p
+            .bridge_rtps_one_way(&topic, wqos.clone(), rqos.clone(), BridgeDirection::ToRtps)
+            .expect("a bridge out");
+        let group_reader = p.create_reader(&topic, rqos).expect("group reader");
+        let writer = p.create_writer(&topic, wqos).expect("group writer");
+        writer.wait_for_readers(1, Duration::from_secs(10)).expect("readers");
+        let sample = |seq: u32| KeyedSeq {
+            seq,
+            keyval: 0,
+            baggage: vec![3; 8],
+        };
+        for seq in 0..100 {
+            writer.write(&sample(seq)).expect("write");
+        }
+        writer
+            .wait_for_acknowledgments(Duration::from_secs(30))
+            .expect("acknowledged");
+        assert_eq!(writer.matched_readers(), 1, "no RTPS reader: the bridge reads nothing");
+        assert_eq!(bridge.counts().group_reader_starts, 0);
+        assert_eq!(bridge.counts().to_rtps, 0);
+        assert!(bridge.flush(Duration::from_secs(5)).expect("flush"), "nothing owed");
+
+        let (outside, mut rtps_reader) = outside_reader("lazy");
+        bridge
+            .wait_for_rtps_readers(1, Duration::from_secs(30))
+            .expect("the outside reader matched");
+        assert_eq!(bridge.counts().group_reader_starts, 1);
+        writer
+            .wait_for_readers(2, Duration::from_secs(10))
+            .expect("the bridge's reader joined the topic");
+        for seq in 100..300 {
+            writer.write(&sample(seq)).expect("write");
+        }
+        writer
+            .wait_for_acknowledgments(Duration::from_secs(30))
+            .expect("acknowledged");
+        assert!(
+            bridge.flush(Duration::from_secs(30)).expect("flush"),
+            "{:?}",
+            bridge.counts()
+        );
+        assert_eq!(
+            bridge.counts().to_rtps,
+            200,
+            "what was written after the match, once each"
+        );
+        let mut seen = std::collections::BTreeSet::new();
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                while let Ok(Some(s)) = rtps_reader.take_next_sample() {
+                    if let Sample::Value(OnWire(v)) = s.into_value() {
+                        assert!(seen.insert(v.seq), "no duplicate: {v:?}");
+                    }
+                }
+                seen.len() == 200
+            }),
+            "the outside reader got {} of 200",
+            seen.len()
+        );
+        assert!(seen.iter().copied().eq(100..300));
+
+        drop(rtps_reader);
+        drop(outside);
+        assert!(
+            eventually(Duration::from_secs(60), || writer.matched_readers() == 1),
+            "the bridge's reader left with the last RTPS reader: {:?}",
+            bridge.counts()
+        );
+        assert_eq!(bridge.rtps_readers_matched(), 0);
+        let mut taken = 0;
+        assert!(eventually(Duration::from_secs(30), || {
+            taken += group_reader.take(1024).expect("take").len();
+            taken == 300
+        }));
+        assert_eq!(bridge.failure(), None);
     }
 }
