@@ -181,6 +181,10 @@ pub struct Counts {
     /// Times the bridge's Spindle reader joined the topic (when the RTPS
     /// readers matched went from none to some).
     pub group_reader_starts: u64,
+    /// Waits for the RTPS readers' acknowledgments (one per MiB out).
+    pub rtps_window_waits: u64,
+    /// Those waits that timed out.
+    pub rtps_window_timeouts: u64,
     /// RTPS datagrams this process dropped as malformed (rustdds could
     /// not parse them; `null` when another `log` logger was installed).
     pub malformed_datagrams: Option<u64>,
@@ -195,6 +199,8 @@ impl From<BridgeCounts> for Counts {
             own_skipped: c.own_skipped,
             rtps_write_errors: c.rtps_write_errors,
             group_reader_starts: c.group_reader_starts,
+            rtps_window_waits: c.rtps_window_waits,
+            rtps_window_timeouts: c.rtps_window_timeouts,
             malformed_datagrams: spindle::dds::rtps::malformed_datagrams(),
         }
     }

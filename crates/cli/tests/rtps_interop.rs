@@ -177,7 +177,8 @@ fn cyclone_to_spindle_with(domain: u16, size: usize, rate_hz: u32, malformed: bo
 
 /// `spindle dds pub --rtps` writes 10,000 samples; Cyclone's `ddsperf
 /// sub` (reliable, keep-all) counts them and the gaps it saw.
-fn spindle_to_cyclone(domain: u16, size: usize, rate_hz: u32) {
+/// Returns the publisher's JSON result.
+fn spindle_to_cyclone(domain: u16, size: usize, rate_hz: u32) -> serde_json::Value {
     let ddsperf = ddsperf();
     let mut sub = Reaped(
         Command::new(&ddsperf)
@@ -271,6 +272,7 @@ fn spindle_to_cyclone(domain: u16, size: usize, rate_hz: u32) {
         "ddsperf got every sample once: {last}"
     );
     assert_eq!(report_field(last, "lost"), 0, "ddsperf saw no gap: {last}");
+    result
 }
 
 /// How long `spindle_to_cyclone` waits, after the publisher is done, for
@@ -385,6 +387,17 @@ fn send_malformed(pid: u32, stop: &std::sync::atomic::AtomicBool) -> (u64, usize
 #[test]
 fn spindle_publishes_16_byte_samples_and_cyclone_gets_every_one() {
     spindle_to_cyclone(62, 16, 5000);
+}
+
+/// Unpaced 1 KiB samples, 10 MiB in all: the bridge waits for Cyclone's
+/// acknowledgments after each `RTPS_IN_FLIGHT_BYTES_MAX` (1 MiB). Without
+/// those waits a burst overflowed ddsperf's UDP receive buffer and
+/// rustdds's repair (8 KiB a round) held the reader at ~760 samples/s.
+#[test]
+fn spindle_publishes_1_kib_samples_unpaced_and_cyclone_gets_every_one() {
+    let result = spindle_to_cyclone(60, 1024, 0);
+    let waits = result["bridge"]["rtps_window_waits"].as_u64().unwrap();
+    assert!(waits >= 9, "a wait per MiB written: {result}");
 }
 
 /// Unpaced: the 10,000 go out as fast as the bridge writes them, right

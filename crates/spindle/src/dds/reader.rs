@@ -207,6 +207,27 @@ impl<T: TopicType> DataReader<T> {
         max: usize,
         f: impl FnOnce(&mut ReaderCache, &mut dyn FnMut(&SampleInfo, &[u8])) -> usize,
     ) -> Result<Vec<Sample<T>>, DdsError> {
+        self.collect_as(max, f, |sample, _| sample)
+    }
+
+    /// Remove and return up to `max` samples (every state), each with the
+    /// length of its serialized bytes (an RTPS bridge counts the bytes it
+    /// has in flight).
+    #[cfg(feature = "rtps")]
+    pub(crate) fn take_sized(&self, max: usize) -> Result<Vec<(Sample<T>, usize)>, DdsError> {
+        self.collect_as(
+            max,
+            |c, f| c.take_with(max, StateMask::ANY, f),
+            |sample, len| (sample, len),
+        )
+    }
+
+    fn collect_as<R>(
+        &self,
+        max: usize,
+        f: impl FnOnce(&mut ReaderCache, &mut dyn FnMut(&SampleInfo, &[u8])) -> usize,
+        mut wrap: impl FnMut(Sample<T>, usize) -> R,
+    ) -> Result<Vec<R>, DdsError> {
         let mut out = Vec::new();
         let mut error = None;
         let mut st = self.shared.state.lock().expect("reader lock");
@@ -224,7 +245,7 @@ impl<T: TopicType> DataReader<T> {
                 None
             };
             if out.len() < max {
-                out.push(Sample { info: *info, data });
+                out.push(wrap(Sample { info: *info, data }, bytes.len()));
             }
         });
         match error {

@@ -434,6 +434,11 @@ pub struct BridgeCounts {
     /// the RTPS readers matched went from none to some (see the module
     /// docs).
     pub group_reader_starts: u64,
+    /// Waits for the RTPS readers' acknowledgments after
+    /// [`RTPS_IN_FLIGHT_BYTES_MAX`] bytes went out.
+    pub rtps_window_waits: u64,
+    /// Those waits that ended without every acknowledgment.
+    pub rtps_window_timeouts: u64,
 }
 
 struct BridgeShared {
@@ -444,6 +449,8 @@ struct BridgeShared {
     own_skipped: AtomicU64,
     rtps_write_errors: AtomicU64,
     group_reader_starts: AtomicU64,
+    rtps_window_waits: AtomicU64,
+    rtps_window_timeouts: AtomicU64,
     /// RTPS readers matched with the bridge's RTPS writer (refreshed every
     /// [`MATCH_REFRESH_PASSES`] passes).
     readers_matched: AtomicU64,
@@ -485,6 +492,8 @@ impl<T> RtpsBridge<T> {
             own_skipped: self.shared.own_skipped.load(Ordering::Relaxed),
             rtps_write_errors: self.shared.rtps_write_errors.load(Ordering::Relaxed),
             group_reader_starts: self.shared.group_reader_starts.load(Ordering::Relaxed),
+            rtps_window_waits: self.shared.rtps_window_waits.load(Ordering::Relaxed),
+            rtps_window_timeouts: self.shared.rtps_window_timeouts.load(Ordering::Relaxed),
         }
     }
 
@@ -633,6 +642,9 @@ struct BridgeWorker<T: RtpsType> {
     /// waits (bounded) for its acknowledgment before more go out (see
     /// [`RTPS_SYNC_WAIT`]).
     sync_pending: bool,
+    /// Serialized bytes written to RTPS since the last wait for the
+    /// readers' acknowledgments (see [`RTPS_IN_FLIGHT_BYTES_MAX`]).
+    in_flight_bytes: usize,
 }
 
 /// The group → RTPS side of a bridge.
@@ -662,6 +674,23 @@ const FLUSH_DRAIN_PASSES_MAX: usize = 1 << 12;
 /// samples, acknowledged all the same). One sample alone, acknowledged,
 /// puts the reader in step before the burst.
 const RTPS_SYNC_WAIT: Duration = Duration::from_secs(1);
+
+/// The most sample bytes a bridge writes to RTPS before it waits for every
+/// matched reader's acknowledgment. rustdds has no flow control towards
+/// its readers: a burst larger than a reader's UDP receive buffer is lost
+/// there (`UdpRcvbufErrors`), and rustdds repairs at most 8 KiB per
+/// repair round, so 6 datagrams lost from an unpaced burst of 1 KiB
+/// samples held a Cyclone DDS reader at ~760 samples/s for the rest of
+/// the run (every later sample waits for the gap). Measured on loopback
+/// with `ddsperf sub` (2026-11-29, bench/RESULTS-dds.md): a wait every
+/// 1 or 2 MiB lost nothing; every 4 MiB lost datagrams again.
+pub const RTPS_IN_FLIGHT_BYTES_MAX: usize = 1 << 20;
+
+/// How long a bridge waits for the acknowledgments of one
+/// [`RTPS_IN_FLIGHT_BYTES_MAX`]: a reader that does not answer in time
+/// (gone, or stalled) slows the bridge to that many bytes per wait, and
+/// does not stop it.
+const RTPS_IN_FLIGHT_WAIT: Duration = Duration::from_millis(200);
 
 /// How long [`RtpsBridge::wait_for_rtps_readers`] waits after the match.
 /// The match it sees is one-sided: this writer learned of the remote
@@ -814,10 +843,10 @@ impl<T: RtpsType> BridgeWorker<T> {
             return Ok(0);
         };
         let samples = reader
-            .take(BRIDGE_BATCH_SAMPLES)
+            .take_sized(BRIDGE_BATCH_SAMPLES)
             .map_err(|e| format!("the Spindle reader failed: {e}"))?;
         let taken = samples.len();
-        for sample in samples {
+        for (sample, bytes) in samples {
             if is_injector(sample.info.writer) {
                 if sample.info.writer.participant() != self.me {
                     return Err(format!(
@@ -829,16 +858,19 @@ impl<T: RtpsType> BridgeWorker<T> {
                 continue;
             }
             let Some(value) = sample.data else { continue };
-            self.write_rtps(OnWire(value))?;
+            self.write_rtps(OnWire(value), bytes)?;
         }
         Ok(taken)
     }
 
-    /// One RTPS write. A full RTPS send buffer (a reliable reader lags)
-    /// hands the value back: retry it, meanwhile draining the RTPS reader
-    /// (this participant's own reader is matched with the writer too: left
+    /// One RTPS write (of a sample of `bytes` serialized bytes in the
+    /// group). A full RTPS send buffer (a reliable reader lags) hands the
+    /// value back: retry it, meanwhile draining the RTPS reader (this
+    /// participant's own reader is matched with the writer too: left
     /// unread, it would stop acknowledging and hold the writer forever).
-    fn write_rtps(&mut self, value: OnWire<T>) -> Result<(), String> {
+    /// Once [`RTPS_IN_FLIGHT_BYTES_MAX`] went out since the last wait, wait
+    /// (bounded) for the readers' acknowledgments.
+    fn write_rtps(&mut self, value: OnWire<T>, bytes: usize) -> Result<(), String> {
         let mut pending = value;
         loop {
             let Some(Outbound { rtps_writer, .. }) = &self.outbound else {
@@ -848,10 +880,24 @@ impl<T: RtpsType> BridgeWorker<T> {
                 Ok(()) => {
                     // Relaxed: a counter read for reporting.
                     self.shared.to_rtps.fetch_add(1, Ordering::Relaxed);
+                    self.in_flight_bytes += bytes;
                     if std::mem::take(&mut self.sync_pending) {
                         // Bounded; a reader that does not answer in time
                         // (best-effort, or gone) does not hold the bridge.
                         let _ = rtps_writer.wait_for_acknowledgments(RTPS_SYNC_WAIT);
+                        self.in_flight_bytes = 0;
+                    } else if self.in_flight_bytes >= RTPS_IN_FLIGHT_BYTES_MAX {
+                        // Bounded the same way; `Ok(true)` at once for a
+                        // best-effort writer.
+                        let acked = rtps_writer
+                            .wait_for_acknowledgments(RTPS_IN_FLIGHT_WAIT)
+                            .unwrap_or(false);
+                        self.in_flight_bytes = 0;
+                        // Relaxed: counters read for reporting.
+                        self.shared.rtps_window_waits.fetch_add(1, Ordering::Relaxed);
+                        if !acked {
+                            self.shared.rtps_window_timeouts.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     return Ok(());
                 }
@@ -1036,6 +1082,8 @@ impl DomainParticipant {
             own_skipped: AtomicU64::new(0),
             rtps_write_errors: AtomicU64::new(0),
             group_reader_starts: AtomicU64::new(0),
+            rtps_window_waits: AtomicU64::new(0),
+            rtps_window_timeouts: AtomicU64::new(0),
             readers_matched: AtomicU64::new(0),
             writers_matched: AtomicU64::new(0),
             flush_wait_ns: AtomicU64::new(0),
@@ -1052,6 +1100,7 @@ impl DomainParticipant {
             remote_readers: HashSet::new(),
             remote_writers: HashSet::new(),
             sync_pending: false,
+            in_flight_bytes: 0,
         };
         let thread = std::thread::Builder::new()
             .name(format!("rtps-{name}"))
