@@ -25,7 +25,8 @@
 //!  kv shard 1: {2, 3}   spare: 4      kv shard 1: {2, 3}  unchanged
 //! ```
 //!
-//! On tcp each group listens on ports of its own ([`offset_ports`]):
+//! On tcp and ofi each group listens on ports of its own
+//! ([`offset_ports`]; on ofi, its control plane):
 //! the top-level group on the members' addresses, shard `k` on the ports
 //! `k + 1` higher.
 //!
@@ -48,7 +49,7 @@ use spindle_group::{Delivery, GroupConfig, Upcalls, View};
 use crate::builder::GroupBuilder;
 use crate::group::Group;
 use crate::sharded::{Shard, Sharded};
-use crate::transport::Transport;
+use crate::transport::{OfiTransport, TcpTransport, Transport};
 use crate::Error;
 
 /// Layouts computed and not yet applied: [`Sharded::poll`] takes them
@@ -139,10 +140,11 @@ fn shard_place(specs: &[SubgroupSpec], g: usize, s: usize) -> usize {
     specs[..g].iter().map(|x| x.shards).sum::<usize>() + s
 }
 
-/// On tcp, the transport of the group at port offset `offset` (0: the
-/// top-level group, `1 + shard_place`: a shard's): every member's address
-/// (and the listen address) with its port `offset` higher. Shared memory
-/// as is.
+/// On tcp and ofi, the transport of the group at port offset `offset`
+/// (0: the top-level group, `1 + shard_place`: a shard's): every member's
+/// address (and the listen address) with its port `offset` higher (on
+/// ofi, the control plane's; libfabric's endpoints get their addresses
+/// through it). Shared memory as is.
 fn offset_ports(transport: &Transport, offset: usize) -> Result<Transport, Error> {
     let shift = |a: std::net::SocketAddr| -> Result<std::net::SocketAddr, Error> {
         let port = usize::from(a.port()) + offset;
@@ -155,14 +157,27 @@ fn offset_ports(transport: &Transport, offset: usize) -> Result<Transport, Error
         })?;
         Ok(std::net::SocketAddr::new(a.ip(), port))
     };
+    let shift_all = |tcp: &TcpTransport| -> Result<TcpTransport, Error> {
+        let mut tcp = tcp.clone();
+        tcp.members = tcp.members.iter().map(|a| shift(*a)).collect::<Result<_, _>>()?;
+        tcp.listen = tcp.listen.map(shift).transpose()?;
+        Ok(tcp)
+    };
     match transport {
-        Transport::Tcp(tcp) => {
-            let mut tcp = tcp.clone();
-            tcp.members = tcp.members.iter().map(|a| shift(*a)).collect::<Result<_, _>>()?;
-            tcp.listen = tcp.listen.map(shift).transpose()?;
-            Ok(Transport::Tcp(tcp))
-        }
-        other => Ok(other.clone()),
+        Transport::Tcp(tcp) => Ok(Transport::Tcp(shift_all(tcp)?)),
+        Transport::Ofi(ofi) => Ok(Transport::Ofi(OfiTransport {
+            tcp: shift_all(&ofi.tcp)?,
+            provider: ofi.provider.clone(),
+        })),
+        Transport::Shm => Ok(Transport::Shm),
+    }
+}
+
+/// The tcp settings (on ofi, the control plane's) of `transport`.
+fn tcp_of(transport: &Transport) -> Option<&TcpTransport> {
+    match transport {
+        Transport::Tcp(tcp) | Transport::Ofi(OfiTransport { tcp, .. }) => Some(tcp),
+        Transport::Shm => None,
     }
 }
 
@@ -424,8 +439,9 @@ impl<A: Upcalls> GroupBuilder<A> {
     /// for every member and is numbered by top-level rank (a shard
     /// member's rank in its group is its own rank).
     ///
-    /// Shared memory or tcp (not ofi yet). On tcp each group listens on
-    /// ports of its own: the top-level group on each member's address,
+    /// Shared memory, tcp or ofi. On tcp and ofi each group listens on
+    /// ports of its own (on ofi, its control plane): the top-level group
+    /// on each member's address,
     /// shard `k` (counting every shard of every subgroup, in the
     /// specification's order, from 0) on the member's port `k + 1`
     /// higher, so each member needs its port and the next
@@ -445,23 +461,14 @@ impl<A: Upcalls> GroupBuilder<A> {
         make_app: impl FnMut(&str, usize) -> U + Send + 'static,
     ) -> Result<Sharded<U>, Error> {
         self.check_sharded()?;
-        if matches!(self.transport, Transport::Ofi(_)) {
-            return Err(Error::Config(
-                "join_sharded_elastic runs on shared memory and tcp in this release, not ofi; use join_sharded \
-                 there, whose layout is the first view's"
-                    .into(),
-            ));
-        }
-        // On tcp every group has ports of its own: the top-level group the
-        // members' addresses, shard k (in specification order) the ports
-        // k + 1 higher. Check them all now, and that the query channel's
-        // addresses are none of them.
+        // On tcp and ofi every group has ports of its own: the top-level
+        // group the members' addresses, shard k (in specification order)
+        // the ports k + 1 higher. Check them all now, and that the query
+        // channel's addresses are none of them.
         let shards_total: usize = self.subgroups.iter().map(|x| x.shards).sum();
         let taken = offset_ports(&self.transport, shards_total)?;
-        if let (Transport::Tcp(tcp), Some(queries)) = (&self.transport, &self.query_addresses) {
-            let Transport::Tcp(last) = &taken else {
-                unreachable!("offset_ports keeps the transport")
-            };
+        if let (Some(tcp), Some(queries)) = (tcp_of(&self.transport), &self.query_addresses) {
+            let last = tcp_of(&taken).expect("offset_ports keeps the transport");
             let clash = queries.iter().find(|q| {
                 tcp.members
                     .iter()

@@ -185,6 +185,20 @@ fn tcp_a_spare_member_takes_a_failed_members_place_in_its_shard_with_its_state()
     spare_takes_the_failed_members_place(&unique("rl-tcp"), transport);
 }
 
+/// The same over the ofi fabric (libfabric's software tcp provider; its
+/// control plane on the same port blocks as tcp's).
+#[cfg(feature = "ofi")]
+#[test]
+fn ofi_a_spare_member_takes_a_failed_members_place_in_its_shard_with_its_state() {
+    let addresses = free_port_blocks(5, 3);
+    let transport = Transport::Ofi(spindle::OfiTransport::new(
+        addresses,
+        "relayout-test-key-0123456789",
+        "tcp",
+    ));
+    spare_takes_the_failed_members_place(&unique("rl-ofi"), transport);
+}
+
 fn spare_takes_the_failed_members_place(name: &str, transport: Transport) {
     let mut members = join_all_on(name, &[0, 1, 2, 3, 4], None, transport);
     // 5 members, kv = 2 shards of 2: {0, 1}, {2, 3}; 4 is spare.
@@ -339,13 +353,16 @@ fn elastic_layout_refuses_what_it_cannot_do_with_the_reason() {
     let addresses: Vec<std::net::SocketAddr> = (0..5)
         .map(|i| format!("127.0.0.1:{}", 40_000 + 10 * i).parse().unwrap())
         .collect();
+    // Without the `ofi` feature an ofi group is refused with how to
+    // rebuild (with it, see `ofi_a_spare_member_takes_…`).
+    #[cfg(not(feature = "ofi"))]
     refuse(
         builder(&name, 0).transport(Transport::Ofi(spindle::OfiTransport::new(
             addresses.clone(),
             "relayout-test-key-0123456789",
             "tcp",
         ))),
-        "not ofi",
+        "--features ofi",
     );
     let tcp = Transport::Tcp(TcpTransport::new(addresses.clone(), "relayout-test-key-0123456789"));
     let clashing = (0..5)
