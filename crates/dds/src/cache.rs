@@ -580,6 +580,14 @@ pub struct ReaderCache {
     /// Read/take calls so far (view states).
     call: u64,
     status: ReaderStatus,
+    /// No sample in the store expires before this (`u64::MAX`: none has a
+    /// lifespan), so [`ReaderCache::expire`] walks the store only once a
+    /// lifespan may have ended: the progress thread calls it every
+    /// millisecond, and a walk of a full history (65,536 samples) per call
+    /// took 29% of a publisher's CPU (`spindle dds pub --rtps`, perf).
+    /// Lower than the truth after a take (a cheap extra walk then), never
+    /// higher.
+    next_expiry_ns: u64,
 }
 
 impl ReaderCache {
@@ -608,6 +616,7 @@ impl ReaderCache {
             writer_index: HashMap::new(),
             call: 0,
             status: ReaderStatus::default(),
+            next_expiry_ns: u64::MAX,
         }
     }
 
@@ -984,6 +993,8 @@ impl ReaderCache {
     }
 
     fn apply(&mut self, meta: &SampleMeta, payload: &[u8], now_ns: u64, expiry_ns: u64) -> Insert {
+        // Before it is known whether the sample is kept: never too late.
+        self.next_expiry_ns = self.next_expiry_ns.min(expiry_ns);
         let existing = self.instance_index.get(&meta.instance).copied();
         let mut sample = Stored {
             writer: meta.writer,
@@ -1098,12 +1109,18 @@ impl ReaderCache {
     /// (`source_timestamp_ns + lifespan_ns ≤ now_ns`), read or not.
     /// Returns how many.
     pub fn expire(&mut self, now_ns: u64) -> u32 {
+        if now_ns < self.next_expiry_ns {
+            return 0;
+        }
         let mut expired = 0u32;
+        let mut next_expiry_ns = u64::MAX;
         let mut idx = self.store.first();
         while idx != NIL {
             let next = self.store.next(idx);
             let s = *self.store.meta(idx);
-            if s.expiry_ns <= now_ns {
+            if s.expiry_ns > now_ns {
+                next_expiry_ns = next_expiry_ns.min(s.expiry_ns);
+            } else {
                 let mut chain = self.instances[s.instance as usize].chain;
                 self.store.remove(&mut chain, idx);
                 self.instances[s.instance as usize].chain = chain;
@@ -1112,6 +1129,7 @@ impl ReaderCache {
             }
             idx = next;
         }
+        self.next_expiry_ns = next_expiry_ns;
         self.status.expired += u64::from(expired);
         expired
     }
@@ -1864,6 +1882,15 @@ mod tests {
                         now += dt;
                         cache.expire(now);
                         cache.check_deadlines(now);
+                        // Lifespan: nothing whose time is up is left, and
+                        // the walk's lower bound holds.
+                        let mut idx = cache.store.first();
+                        while idx != NIL {
+                            let expiry_ns = cache.store.meta(idx).expiry_ns;
+                            prop_assert!(expiry_ns > now, "a sample past its lifespan is kept");
+                            prop_assert!(expiry_ns >= cache.next_expiry_ns);
+                            idx = cache.store.next(idx);
+                        }
                     }
                 }
                 cache.check_invariants();
