@@ -1237,20 +1237,21 @@ mod two_way {
     const SAMPLES: u32 = 10_000;
     const RTPS_DOMAIN: u16 = 77;
 
-    #[test]
-    fn a_two_way_bridge_delivers_past_its_history_without_stalling_or_looping() {
-        let p = DomainParticipant::builder(0x4100_0000 | std::process::id())
+    /// A participant of domain `group_domain` alone, with its RTPS gateway
+    /// in RTPS domain `rtps_domain`, a topic `name`, and the reliable
+    /// keep-all QoS the tests bridge and read it with.
+    fn alone_with_rtps(
+        group_domain: u32,
+        rtps_domain: u16,
+        name: &str,
+    ) -> (DomainParticipant, crate::dds::Topic<KeyedSeq>, WriterQos, ReaderQos) {
+        let p = DomainParticipant::builder(group_domain | std::process::id())
             .participants(1)
             .max_sample_bytes(256)
-            .rtps(RtpsConfig::new(RTPS_DOMAIN).loopback_only(true))
+            .rtps(RtpsConfig::new(rtps_domain).loopback_only(true))
             .join()
             .expect("participant");
-        let topic = p.create_topic::<KeyedSeq>("two-way").expect("topic");
-        let limits = ResourceLimits {
-            max_samples: 1 << 16,
-            max_instances: 16,
-            max_samples_per_instance: 1 << 16,
-        };
+        let topic = p.create_topic::<KeyedSeq>(name).expect("topic");
         let wqos = WriterQos::default()
             .keep_all()
             .reliable(Duration::from_secs(10))
@@ -1258,37 +1259,24 @@ mod two_way {
         let rqos = ReaderQos::default()
             .keep_all()
             .reliable(Duration::from_secs(10))
-            .resource_limits(limits);
+            .resource_limits(ResourceLimits {
+                max_samples: 1 << 16,
+                max_instances: 16,
+                max_samples_per_instance: 1 << 16,
+            });
+        (p, topic, wqos, rqos)
+    }
+
+    #[test]
+    fn a_two_way_bridge_delivers_past_its_history_without_stalling_or_looping() {
+        let (p, topic, wqos, rqos) = alone_with_rtps(0x4100_0000, RTPS_DOMAIN, "two-way");
         let bridge = p
             .bridge_rtps_one_way(&topic, wqos.clone(), rqos.clone(), BridgeDirection::Both)
             .expect("a two-way bridge");
         let group_reader = p.create_reader(&topic, rqos).expect("group reader");
 
         // The RTPS side: another participant (as Cyclone would be).
-        let outside = rustdds::DomainParticipantBuilder::new(RTPS_DOMAIN)
-            .same_host_loopback(true)
-            .with_only_networks([std::net::Ipv4Addr::LOCALHOST])
-            .build()
-            .expect("rustdds participant");
-        let qos = rustdds::QosPolicyBuilder::new()
-            .reliability(policy::Reliability::Reliable {
-                max_blocking_time: rustdds::Duration::from_secs(10),
-            })
-            .history(policy::History::KeepAll)
-            .resource_limits(policy::ResourceLimits {
-                max_samples: 1 << 16,
-                max_instances: 16,
-                max_samples_per_instance: 1 << 16,
-            })
-            .build();
-        let rtps_topic = outside
-            .create_topic("two-way".into(), "KeyedSeq".into(), &qos, rustdds::TopicKind::WithKey)
-            .expect("rtps topic");
-        let mut rtps_reader = outside
-            .create_subscriber(&qos)
-            .expect("subscriber")
-            .create_datareader_cdr::<OnWire<KeyedSeq>>(&rtps_topic, Some(qos))
-            .expect("rtps reader");
+        let (_outside, mut rtps_reader) = outside_reader(RTPS_DOMAIN, "two-way", 1 << 16);
         bridge
             .wait_for_rtps_readers(1, Duration::from_secs(30))
             .expect("the outside reader matched");
@@ -1350,14 +1338,17 @@ mod two_way {
         );
     }
 
-    /// An outside RTPS participant's reliable reader of `topic`.
+    /// An outside RTPS participant of `domain` and its reliable keep-all
+    /// reader of `topic`, holding up to `max_samples` untaken.
     fn outside_reader(
+        domain: u16,
         topic: &str,
+        max_samples: i32,
     ) -> (
         rustdds::DomainParticipant,
         rustdds::with_key::DataReaderCdr<OnWire<KeyedSeq>>,
     ) {
-        let outside = rustdds::DomainParticipantBuilder::new(RTPS_DOMAIN_LAZY)
+        let outside = rustdds::DomainParticipantBuilder::new(domain)
             .same_host_loopback(true)
             .with_only_networks([std::net::Ipv4Addr::LOCALHOST])
             .build()
@@ -1369,9 +1360,9 @@ mod two_way {
             .history(policy::History::KeepAll)
             // rustdds evicts past 64 untaken samples when no limit is set.
             .resource_limits(policy::ResourceLimits {
-                max_samples: 1 << 12,
+                max_samples,
                 max_instances: 16,
-                max_samples_per_instance: 1 << 12,
+                max_samples_per_instance: max_samples,
             })
             .build();
         let rtps_topic = outside
@@ -1408,25 +1399,7 @@ mod two_way {
     /// there, the first check fails (the writer matched 2 readers).
     #[test]
     fn a_bridged_topic_holds_its_writers_back_only_while_an_rtps_reader_is_matched() {
-        let p = DomainParticipant::builder(0x4200_0000 | std::process::id())
-            .participants(1)
-            .max_sample_bytes(256)
-            .rtps(RtpsConfig::new(RTPS_DOMAIN_LAZY).loopback_only(true))
-            .join()
-            .expect("participant");
-        let topic = p.create_topic::<KeyedSeq>("lazy").expect("topic");
-        let wqos = WriterQos::default()
-            .keep_all()
-            .reliable(Duration::from_secs(10))
-            .max_sample_bytes(256);
-        let rqos = ReaderQos::default()
-            .keep_all()
-            .reliable(Duration::from_secs(10))
-            .resource_limits(ResourceLimits {
-                max_samples: 1 << 16,
-                max_instances: 16,
-                max_samples_per_instance: 1 << 16,
-            });
+        let (p, topic, wqos, rqos) = alone_with_rtps(0x4200_0000, RTPS_DOMAIN_LAZY, "lazy");
         let bridge = p
             .bridge_rtps_one_way(&topic, wqos.clone(), rqos.clone(), BridgeDirection::ToRtps)
             .expect("a bridge out");
@@ -1449,7 +1422,7 @@ mod two_way {
         assert_eq!(bridge.counts().to_rtps, 0);
         assert!(bridge.flush(Duration::from_secs(5)).expect("flush"), "nothing owed");
 
-        let (outside, mut rtps_reader) = outside_reader("lazy");
+        let (outside, mut rtps_reader) = outside_reader(RTPS_DOMAIN_LAZY, "lazy", 1 << 12);
         bridge
             .wait_for_rtps_readers(1, Duration::from_secs(30))
             .expect("the outside reader matched");
