@@ -501,14 +501,37 @@ fn syncer_loop<F: Fabric>(s: &Shared<F>, mut appender: SegmentAppender) -> Resul
     Ok(())
 }
 
+/// Spin passes of the echo thread and the rpc copier before they park.
+const REPLY_SPINS_MAX: u32 = 200;
+
+/// The idle strategy of the echo thread and the rpc copier: the
+/// configured one, but a backoff spins at most [`REPLY_SPINS_MAX`] passes
+/// and does not yield (see [`copier_loop`]). Busy spinning stays as
+/// configured (a core of its own).
+fn reply_idle(configured: IdleStrategy) -> IdleStrategy {
+    match configured {
+        IdleStrategy::BusySpin => IdleStrategy::BusySpin,
+        IdleStrategy::Backoff { spins, park, .. } => IdleStrategy::Backoff {
+            spins: spins.min(REPLY_SPINS_MAX),
+            yields: 0,
+            park,
+        },
+    }
+}
+
 fn s_completion<F: Fabric>(s: &Shared<F>) -> Completion {
     s.layout.completion
 }
 
 /// The rpc copier and the echo thread: `step` once per pass, idling on the
-/// doorbell while the master's guard for us has not moved.
+/// doorbell while the master's guard for us has not moved. Neither
+/// receives while it spins: on tcp the frame that moves the guard is
+/// taken by the fabric's receive thread, or by this thread once it parks
+/// on the sockets. So it spins only briefly and never yields (a yielding
+/// thread receives nothing, and the receive thread naps while this one
+/// has parked lately): see [`reply_idle`].
 fn copier_loop<F: Fabric>(s: &Shared<F>, step: fn(&Shared<F>) -> Result<u32, String>) -> Result<(), String> {
-    let mut idler = Idler::new(s.idle);
+    let mut idler = Idler::new(reply_idle(s.idle));
     let doorbell = s.fabric.doorbell();
     // Partner: the Release store in Backup::stop.
     while !s.stop.load(Ordering::Acquire) {

@@ -82,6 +82,26 @@ const DURABLE_WAIT_IDLE: IdleStrategy = IdleStrategy::Backoff {
     park: Duration::from_millis(1),
 };
 
+/// How the master idles while it waits for the backups' echoes or
+/// replies over a fabric whose push is not a completion (tcp): spin only
+/// briefly, then park on the sockets. The echo frame wakes this thread
+/// itself; a yield loop would take the core from the backups that must
+/// answer (on 2 shared cores, three backup processes and the master).
+const ECHO_WAIT_IDLE: IdleStrategy = IdleStrategy::Backoff {
+    spins: 200,
+    yields: 0,
+    park: Duration::from_millis(1),
+};
+
+/// The backup cell a parked wait watches.
+#[derive(Clone, Copy)]
+enum Watched {
+    /// `durable`: positions on the backup's disk.
+    Durable,
+    /// The backup's own `head[b]`: its echo (one-sided) or reply (rpc).
+    Echo,
+}
+
 /// Is member `rank` alive? (A crashed backup is dropped from the set.)
 pub type Liveness = Box<dyn Fn(usize) -> bool + Send>;
 
@@ -498,19 +518,49 @@ impl<F: Fabric> Master<F> {
     fn wait_durable(&mut self, head: u64) -> Result<(), String> {
         // Wake parked syncers (tcp: send the guard pushed above now).
         self.fabric.doorbell().ring();
-        let cell = self.layout.durable.offset();
-        let mut idler = Idler::new(DURABLE_WAIT_IDLE);
+        self.wait_parked(head, Watched::Durable)?;
+        if self.backups.is_empty() {
+            // Every backup died before syncing: the write is on no disk.
+            return Err("no live backup left: the write is on no backup's disk, so it is not acknowledged".into());
+        }
+        self.acknowledged = head;
+        Ok(())
+    }
+
+    /// Wait until every live backup's `watched` cell reached `head`,
+    /// idling on the doorbell (a fabric that receives on a parked thread,
+    /// tcp, wakes it with the frame that moves the cell: one wake-up, no
+    /// spinning thread beside the backups' on a shared core). A backup
+    /// found dead at a park is dropped; one alive that does not move for
+    /// `stall_ns_max` fails the wait.
+    fn wait_parked(&mut self, head: u64, watched: Watched) -> Result<(), String> {
+        let mut idler = Idler::new(match watched {
+            Watched::Durable => DURABLE_WAIT_IDLE,
+            Watched::Echo => ECHO_WAIT_IDLE,
+        });
         let mut parks_checked = 0;
+        let mut counted = false;
         let started = monotonic_coarse_ns();
         let mut i = 0;
         while i < self.backups.len() {
             let b = self.backups[i];
+            let cell = match watched {
+                Watched::Durable => self.layout.durable.offset(),
+                Watched::Echo => self.layout.head.offset(b),
+            };
             // Partner: the Release store of `durable` in the backup's
-            // syncer (`Shared::sync`), after its fdatasync.
-            let durable = |m: &Self| m.fabric.row(b).u64_at(cell).load(Ordering::Acquire);
-            if durable(self) >= head {
+            // syncer (`Shared::sync`), after its fdatasync; or of its own
+            // head[b] in its echo thread or rpc copier (its reply).
+            let reached = |m: &Self| m.fabric.row(b).u64_at(cell).load(Ordering::Acquire);
+            if reached(self) >= head {
                 i += 1;
                 continue;
+            }
+            if !counted && matches!(watched, Watched::Echo) {
+                // As the spinning wait counted it: a write that waited
+                // on a backup's reply.
+                counted = true;
+                self.count(COUNTER_FLOW_WAITS);
             }
             if idler.parks > parks_checked {
                 // At most once per park (≤ 1 ms): a liveness check can
@@ -521,20 +571,19 @@ impl<F: Fabric> Master<F> {
                     continue;
                 }
                 if monotonic_coarse_ns() - started > self.stall_ns_max {
+                    let what = match watched {
+                        Watched::Durable => "synced nothing to disk",
+                        Watched::Echo => "did not reply",
+                    };
                     return Err(format!(
-                        "backup {b} is alive but synced nothing to disk for {} s (durable at {}, the write ends at {head})",
+                        "backup {b} is alive but {what} for {} s (at {}, the write ends at {head})",
                         self.stall_ns_max / 1_000_000_000,
-                        durable(self)
+                        reached(self)
                     ));
                 }
             }
-            idler.idle(0, self.fabric.doorbell(), || durable(self) >= head);
+            idler.idle(0, self.fabric.doorbell(), || reached(self) >= head);
         }
-        if self.backups.is_empty() {
-            // Every backup died before syncing: the write is on no disk.
-            return Err("no live backup left: the write is on no backup's disk, so it is not acknowledged".into());
-        }
-        self.acknowledged = head;
         Ok(())
     }
 
@@ -546,6 +595,12 @@ impl<F: Fabric> Master<F> {
         }
         if self.mode == Mode::OneSided && self.layout.completion == Completion::Queue {
             return self.wait_write_completions();
+        }
+        if self.layout.completion == Completion::Echo {
+            // tcp: the echo or the reply comes back as a frame; park on
+            // the sockets for it rather than spin and yield beside the
+            // backups' threads.
+            return self.wait_parked(head, Watched::Echo);
         }
         let mut i = 0;
         let mut spins = 0u32;
