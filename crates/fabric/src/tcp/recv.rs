@@ -32,6 +32,11 @@ const RECV_NAP_US: u64 = 500;
 /// The longest nap while loops keep receiving on their own threads
 /// ([`receive_now`]): how long frames may wait once every loop stops.
 const RECV_NAP_DRIVEN_MAX_US: u64 = 8_000;
+/// The longest nap while a thread stays parked on the sockets (it
+/// receives then): the nap doubles from [`RECV_NAP_US`] while it does, so
+/// that an idle process's receive thread does not wake 2,000 times a
+/// second; also how long frames may wait once the last parker goes.
+const RECV_NAP_PARKED_MAX_US: u64 = 2_000;
 /// Longest single park (the caller's timeout is capped to it).
 const PARK_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 /// How often a blocked `poll` looks at the stop flag.
@@ -152,6 +157,7 @@ pub fn run(inner: Arc<Inner>) {
     let mut parks_seen = inner.parks.load(Ordering::Relaxed);
     let mut driven_seen = inner.driven.load(Ordering::Relaxed);
     let mut nap_us = RECV_NAP_US;
+    let mut parked_nap_us = RECV_NAP_US;
     while !inner.stop.load(Ordering::Acquire) {
         let parks = inner.parks.load(Ordering::Relaxed);
         let driven = inner.driven.load(Ordering::Relaxed);
@@ -172,11 +178,14 @@ pub fn run(inner: Arc<Inner>) {
             // receives, and this thread stays out of its way (one wake-up
             // per arrival, not two, on a machine with few cores; no
             // contention for the receive state). Nobody unparks us: we
-            // look again after a short nap.
+            // look again after a nap, longer each time it still does (up
+            // to RECV_NAP_PARKED_MAX_US).
             parks_seen = parks;
-            std::thread::park_timeout(std::time::Duration::from_micros(RECV_NAP_US));
+            std::thread::park_timeout(std::time::Duration::from_micros(parked_nap_us));
+            parked_nap_us = (parked_nap_us * 2).min(RECV_NAP_PARKED_MAX_US);
             continue;
         }
+        parked_nap_us = RECV_NAP_US;
         open_fds(&inner, &mut fds, &mut order);
         if fds.is_empty() {
             std::thread::park_timeout(std::time::Duration::from_millis(POLL_TIMEOUT_MS as u64));
