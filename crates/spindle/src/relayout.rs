@@ -13,7 +13,10 @@
 //! - a member laid into a shard it was not in joins that shard's group as
 //!   a joiner: the shard's members admit it in a view change of their
 //!   own, and its application starts from their snapshot (Derecho's state
-//!   transfer, the group layer's join protocol);
+//!   transfer, the group layer's join protocol). A join that fails is
+//!   tried again ([`SHARD_JOIN_ATTEMPTS_MAX`] attempts in all, spaced by
+//!   [`SHARD_JOIN_RETRY_DELAY`] × the attempts so far) while the layout
+//!   still lays the member into the shard;
 //! - a member laid out of a shard (a user layout function may move
 //!   survivors) leaves that shard's group by dropping it;
 //! - a departed member's shard groups remove it on their own (each runs
@@ -40,7 +43,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use spindle_group::config::{DeliveryMode, SenderSet};
 use spindle_group::subgroup::{self, Layout, LayoutError, LayoutFunction, StickyLayout, SubgroupSpec};
@@ -122,7 +125,34 @@ impl Upcalls for LayoutKeeper {
 struct PendingJoin<U> {
     subgroup_index: usize,
     shard: usize,
+    /// The shard's first view this attempt was started with.
+    initial: Vec<usize>,
+    /// Attempts at this join so far, this one included.
+    attempts: u32,
     handle: JoinHandle<Result<Group<U>, Error>>,
+}
+
+/// A shard join that failed and is tried again once `due`.
+struct RetryJoin {
+    subgroup_index: usize,
+    shard: usize,
+    initial: Vec<usize>,
+    attempts: u32,
+    due: Instant,
+}
+
+/// Attempts at joining one shard's group before `Sharded::poll` returns
+/// the error: a join can fail for a while and then succeed (a port still
+/// held by a process that is going away, a shard member busy in a view
+/// change past the join timeout).
+const SHARD_JOIN_ATTEMPTS_MAX: u32 = 4;
+/// The wait before attempt `n + 1` is `n` times this.
+const SHARD_JOIN_RETRY_DELAY: Duration = Duration::from_millis(250);
+
+/// Whether a failed shard join may succeed if tried again: not a setting
+/// that is wrong, nor a thread that panicked.
+fn join_may_succeed_later(e: &Error) -> bool {
+    !matches!(e, Error::Config(_) | Error::File(_) | Error::Thread(_))
 }
 
 /// Starts joining shard `shard` of a subgroup on a thread, with the
@@ -186,6 +216,10 @@ pub(crate) struct Elastic<U> {
     control: Group<LayoutKeeper>,
     spawn_join: SpawnJoin<U>,
     pending: Vec<PendingJoin<U>>,
+    /// Failed joins waiting to be tried again.
+    retries: Vec<RetryJoin>,
+    /// Shard joins that failed and were tried again, since the start.
+    join_retries: u64,
     /// The top-level view the shard groups were last told to follow
     /// (none: tell them again).
     followed_view: Option<u64>,
@@ -201,9 +235,21 @@ fn mask_of(ranks: &[usize]) -> u64 {
 }
 
 impl<U> Elastic<U> {
-    /// Shards being joined: (subgroup index, shard).
+    /// Shards being joined, or waiting to be tried again: (subgroup
+    /// index, shard).
     pub(crate) fn joining(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.pending.iter().map(|p| (p.subgroup_index, p.shard))
+        let pending = self.pending.iter().map(|p| (p.subgroup_index, p.shard));
+        pending.chain(self.retries.iter().map(|r| (r.subgroup_index, r.shard)))
+    }
+
+    /// Whether no shard join is under way or waiting to be tried again.
+    fn joins_done(&self) -> bool {
+        self.pending.is_empty() && self.retries.is_empty()
+    }
+
+    /// Shard joins that failed and were tried again, since the start.
+    pub(crate) fn join_retries(&self) -> u64 {
+        self.join_retries
     }
 
     /// Why the newest top-level view could not be laid out, if so.
@@ -232,10 +278,24 @@ impl<U> Elastic<U> {
     /// Join shard `s` of subgroup `g` on a thread: as a member of its
     /// first view if `initial` holds this member, else as a joiner.
     fn start_join(&mut self, specs: &[SubgroupSpec], g: usize, s: usize, initial: Vec<usize>) -> Result<(), Error> {
-        let handle = (self.spawn_join)(&specs[g], s, shard_place(specs, g, s), initial)?;
+        self.start_attempt(specs, g, s, initial, 1)
+    }
+
+    /// Attempt number `attempts` at joining shard `s` of subgroup `g`.
+    fn start_attempt(
+        &mut self,
+        specs: &[SubgroupSpec],
+        g: usize,
+        s: usize,
+        initial: Vec<usize>,
+        attempts: u32,
+    ) -> Result<(), Error> {
+        let handle = (self.spawn_join)(&specs[g], s, shard_place(specs, g, s), initial.clone())?;
         self.pending.push(PendingJoin {
             subgroup_index: g,
             shard: s,
+            initial,
+            attempts,
             handle,
         });
         Ok(())
@@ -349,19 +409,50 @@ pub(crate) fn step<U: Upcalls + Send>(sharded: &mut Sharded<U>) -> Result<u32, E
         }
         let p = el.pending.swap_remove(i);
         let spec = &specs[p.subgroup_index];
-        let group = p
+        let still_laid_in = layout
+            .members(p.subgroup_index, p.shard)
+            .is_some_and(|m| m.contains(&rank));
+        let joined = p
             .handle
             .join()
-            .unwrap_or_else(|_| Err(Error::Thread("a shard's join panicked".into())))
-            .map_err(|e| match e {
-                Error::Config(why) => Error::Config(format!("subgroup {:?} shard {}: {why}", spec.name, p.shard)),
-                Error::Timeout { waiting_for, waited_ms } => Error::Timeout {
-                    waiting_for: format!("subgroup {:?} shard {} ({waiting_for})", spec.name, p.shard),
-                    waited_ms,
-                },
-                other => other,
-            })?;
+            .unwrap_or_else(|_| Err(Error::Thread("a shard's join panicked".into())));
         work += 1;
+        let group = match joined {
+            Ok(group) => group,
+            Err(e) if !still_laid_in => {
+                // Laid out of it meanwhile: nothing left to join.
+                tracing::info!(subgroup = %spec.name, shard = p.shard, error = %e,
+                    "a join failed for a shard the layout has since moved this member out of");
+                continue;
+            }
+            Err(e) if join_may_succeed_later(&e) && p.attempts < SHARD_JOIN_ATTEMPTS_MAX => {
+                tracing::warn!(subgroup = %spec.name, shard = p.shard, attempt = p.attempts, error = %e,
+                    "joining the shard's group failed; trying again");
+                el.join_retries += 1;
+                el.retries.push(RetryJoin {
+                    subgroup_index: p.subgroup_index,
+                    shard: p.shard,
+                    initial: p.initial,
+                    attempts: p.attempts,
+                    due: Instant::now() + SHARD_JOIN_RETRY_DELAY * p.attempts,
+                });
+                continue;
+            }
+            Err(e) => {
+                let attempts = match p.attempts {
+                    1 => String::new(),
+                    n => format!(", attempt {n} of {SHARD_JOIN_ATTEMPTS_MAX}"),
+                };
+                return Err(match e {
+                    Error::Config(why) => Error::Config(format!("subgroup {:?} shard {}: {why}", spec.name, p.shard)),
+                    Error::Timeout { waiting_for, waited_ms } => Error::Timeout {
+                        waiting_for: format!("subgroup {:?} shard {} ({waiting_for}{attempts})", spec.name, p.shard),
+                        waited_ms,
+                    },
+                    other => other,
+                });
+            }
+        };
         el.followed_view = None;
         match layout.members(p.subgroup_index, p.shard) {
             // Laid out of it again while joining: leave it.
@@ -374,6 +465,26 @@ pub(crate) fn step<U: Upcalls + Send>(sharded: &mut Sharded<U>) -> Result<u32, E
             }),
             _ => drop(group),
         }
+    }
+    // Failed joins, tried again once due while the layout still lays
+    // this member into the shard (and nothing else joins it already).
+    let mut k = 0;
+    while k < el.retries.len() {
+        let (g, s) = (el.retries[k].subgroup_index, el.retries[k].shard);
+        let laid_in = layout.members(g, s).is_some_and(|m| m.contains(&rank));
+        let busy = shards.iter().any(|x| x.subgroup_index == g && x.shard == s)
+            || el.pending.iter().any(|p| p.subgroup_index == g && p.shard == s);
+        if !laid_in || busy {
+            el.retries.swap_remove(k);
+            continue;
+        }
+        if el.retries[k].due > Instant::now() {
+            k += 1;
+            continue;
+        }
+        let r = el.retries.swap_remove(k);
+        el.start_attempt(specs, g, s, r.initial, r.attempts + 1)?;
+        work += 1;
     }
     // Each shard's group takes its failures from the top-level view and
     // the layout: it removes exactly the members that the top-level view
@@ -401,7 +512,7 @@ impl<U: Upcalls + Send> Sharded<U> {
     /// Drive everything until no shard join is pending; fails after
     /// `timeout`.
     fn wait_joins(&mut self, timeout: Duration) -> Result<(), Error> {
-        self.run_until(timeout, |s| s.elastic.as_ref().is_none_or(|e| e.pending.is_empty()))
+        self.run_until(timeout, |s| s.elastic.as_ref().is_none_or(|e| e.joins_done()))
             .map_err(|e| match e {
                 Error::Timeout { waited_ms, .. } => Error::Timeout {
                     waiting_for: "this member's shard groups to admit it".into(),
@@ -569,6 +680,8 @@ impl<A: Upcalls> GroupBuilder<A> {
                 control,
                 spawn_join: spawn_join(make_app, self.config, self.transport, self.rank),
                 pending: Vec::new(),
+                retries: Vec::new(),
+                join_retries: 0,
                 followed_view: None,
                 ever_top: 0,
                 ever_in_shard,

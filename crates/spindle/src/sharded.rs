@@ -327,6 +327,14 @@ impl<U: Upcalls + Send> Sharded<U> {
             .collect()
     }
 
+    /// Shard joins that failed and were tried again since the start
+    /// (`join_sharded_elastic`; each failure is also logged with its
+    /// error). A join that keeps failing is returned by
+    /// [`Sharded::poll`] after its last attempt.
+    pub fn shard_join_retries(&self) -> u64 {
+        self.elastic.as_ref().map_or(0, |e| e.join_retries())
+    }
+
     /// The subgroups, as specified.
     pub fn specs(&self) -> &[SubgroupSpec] {
         &self.specs

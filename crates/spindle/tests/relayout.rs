@@ -162,9 +162,13 @@ fn a_spare_member_takes_a_failed_members_place_in_its_shard_with_its_state() {
 }
 
 /// `ports` consecutive free ports on loopback, for each of `members`.
+/// Tests of this file run at once: each call starts past the blocks the
+/// calls before it gave out.
 fn free_port_blocks(members: usize, ports: u16) -> Vec<std::net::SocketAddr> {
+    static GIVEN_OUT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let skip = GIVEN_OUT.fetch_add(members as u16 * ports * 4, std::sync::atomic::Ordering::Relaxed);
     let mut bases = Vec::new();
-    let mut candidate: u16 = 20_000 + (std::process::id() % 20_000) as u16;
+    let mut candidate: u16 = 20_000 + (std::process::id() % 20_000) as u16 + skip;
     while bases.len() < members {
         let all_free = (0..ports).all(|p| std::net::TcpListener::bind(("127.0.0.1", candidate + p)).is_ok());
         if all_free {
@@ -454,4 +458,74 @@ fn a_live_member_laid_out_of_its_shard_is_removed_from_it_and_the_shard_goes_on(
     let finished = finish(members);
     assert_eq!(finished[0], finished[4]);
     assert_eq!(finished[1], Some(Vec::new()), "member 1 holds no shard at the end");
+}
+
+/// The spare's first attempts at joining kv shard 0 fail (its port for
+/// that shard's group is held by a stranger); it tries again and, once
+/// the port is free, joins with the shard's state. Before, the first
+/// failure was returned by `poll` and the shard ran short for good.
+#[test]
+fn tcp_a_failed_shard_join_is_tried_again_and_then_succeeds() {
+    let addresses = free_port_blocks(5, 3);
+    let spare_shard0_port = std::net::SocketAddr::new(addresses[4].ip(), addresses[4].port() + 1);
+    let transport = Transport::Tcp(TcpTransport::new(addresses, "relayout-test-key-0123456789"));
+    let mut members = join_all_on(&unique("rl-retry"), &[0, 1, 2, 3, 4], None, transport);
+    send(&mut members, 0, "kv0 #0");
+    drive(&mut members, "the first message", |m| {
+        entries(m, 0).len() == 1 && entries(m, 1).len() == 1
+    });
+    let stranger = std::net::TcpListener::bind(spare_shard0_port).expect("the spare's shard-0 port is free");
+    members[1] = None;
+    drive(&mut members, "a failed join of kv shard 0, to be tried again", |m| {
+        m[4].as_ref().unwrap().shard_join_retries() >= 1
+    });
+    assert_eq!(
+        members[4].as_ref().unwrap().joining_shards(),
+        vec![("kv", 0)],
+        "a join waiting to be tried again is still a join"
+    );
+    drop(stranger);
+    drive(&mut members, "member 4 in kv shard 0 with its state", |m| {
+        entries(m, 4).len() == 1 && m[4].as_ref().unwrap().joining_shards().is_empty()
+    });
+    assert_eq!(kv_layout(&members[4]), vec![vec![0, 4], vec![2, 3]]);
+    send(&mut members, 4, "kv0 from 4");
+    drive(&mut members, "the shard's message after the join", |m| {
+        entries(m, 0).len() == 2 && entries(m, 4).len() == 2
+    });
+    assert_eq!(entries(&members, 0), entries(&members, 4), "one order in the shard");
+}
+
+/// A join that fails at every attempt is returned by `poll`, after the
+/// attempts, with the fabric's reason.
+#[test]
+fn tcp_a_shard_join_that_keeps_failing_is_returned_after_its_attempts() {
+    let addresses = free_port_blocks(5, 3);
+    let spare_shard0_port = std::net::SocketAddr::new(addresses[4].ip(), addresses[4].port() + 1);
+    let transport = Transport::Tcp(TcpTransport::new(addresses, "relayout-test-key-0123456789"));
+    let mut members = join_all_on(&unique("rl-retry-fail"), &[0, 1, 2, 3, 4], None, transport);
+    let _stranger = std::net::TcpListener::bind(spare_shard0_port).expect("the spare's shard-0 port is free");
+    members[1] = None;
+    let started = Instant::now();
+    let error = loop {
+        for rank in [0, 2, 3] {
+            members[rank]
+                .as_mut()
+                .unwrap()
+                .poll()
+                .unwrap_or_else(|e| panic!("member {rank}: {e}"));
+        }
+        if let Err(e) = members[4].as_mut().unwrap().poll() {
+            break e;
+        }
+        std::thread::yield_now();
+        assert!(started.elapsed() < Duration::from_secs(60), "the join never gave up");
+    };
+    let retries = members[4].as_ref().unwrap().shard_join_retries();
+    assert_eq!(retries, 3, "4 attempts: the first and 3 more ({error})");
+    let text = error.to_string();
+    assert!(
+        text.contains(&spare_shard0_port.port().to_string()) || text.to_lowercase().contains("in use"),
+        "the reason names the port or says it is in use: {text}"
+    );
 }
