@@ -460,16 +460,25 @@ fn a_live_member_laid_out_of_its_shard_is_removed_from_it_and_the_shard_goes_on(
     assert_eq!(finished[1], Some(Vec::new()), "member 1 holds no shard at the end");
 }
 
+/// Five members on tcp (`name` made unique), and the address at which
+/// the spare, member 4, listens for kv shard 0's group.
+fn five_on_tcp(name: &str) -> (Vec<Option<Member>>, std::net::SocketAddr) {
+    let addresses = free_port_blocks(5, 3);
+    let spare_shard0 = std::net::SocketAddr::new(addresses[4].ip(), addresses[4].port() + 1);
+    let transport = Transport::Tcp(TcpTransport::new(addresses, "relayout-test-key-0123456789"));
+    (
+        join_all_on(&unique(name), &[0, 1, 2, 3, 4], None, transport),
+        spare_shard0,
+    )
+}
+
 /// The spare's first attempts at joining kv shard 0 fail (its port for
 /// that shard's group is held by a stranger); it tries again and, once
 /// the port is free, joins with the shard's state. Before, the first
 /// failure was returned by `poll` and the shard ran short for good.
 #[test]
 fn tcp_a_failed_shard_join_is_tried_again_and_then_succeeds() {
-    let addresses = free_port_blocks(5, 3);
-    let spare_shard0_port = std::net::SocketAddr::new(addresses[4].ip(), addresses[4].port() + 1);
-    let transport = Transport::Tcp(TcpTransport::new(addresses, "relayout-test-key-0123456789"));
-    let mut members = join_all_on(&unique("rl-retry"), &[0, 1, 2, 3, 4], None, transport);
+    let (mut members, spare_shard0_port) = five_on_tcp("rl-retry");
     send(&mut members, 0, "kv0 #0");
     drive(&mut members, "the first message", |m| {
         entries(m, 0).len() == 1 && entries(m, 1).len() == 1
@@ -500,10 +509,7 @@ fn tcp_a_failed_shard_join_is_tried_again_and_then_succeeds() {
 /// attempts, with the fabric's reason.
 #[test]
 fn tcp_a_shard_join_that_keeps_failing_is_returned_after_its_attempts() {
-    let addresses = free_port_blocks(5, 3);
-    let spare_shard0_port = std::net::SocketAddr::new(addresses[4].ip(), addresses[4].port() + 1);
-    let transport = Transport::Tcp(TcpTransport::new(addresses, "relayout-test-key-0123456789"));
-    let mut members = join_all_on(&unique("rl-retry-fail"), &[0, 1, 2, 3, 4], None, transport);
+    let (mut members, spare_shard0_port) = five_on_tcp("rl-retry-fail");
     let _stranger = std::net::TcpListener::bind(spare_shard0_port).expect("the spare's shard-0 port is free");
     members[1] = None;
     let started = Instant::now();
