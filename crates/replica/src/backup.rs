@@ -328,7 +328,8 @@ impl<F: Fabric> Shared<F> {
             }
             copied += n as u64;
         }
-        // Partner: the Acquire load in the master's wait_replies.
+        // Partner: the Acquire load in the master's wait_replies (shm)
+        // or wait_parked (tcp).
         own.u64_at(cell).store(copied, Ordering::Release);
         self.fabric
             .push(cell..cell + 8, PeerSet(1 << self.master))
@@ -414,10 +415,12 @@ impl<F: Fabric> Backup<F> {
 
     /// Stop the threads; the first error any hit.
     pub fn stop(&mut self) -> Result<(), String> {
-        // Partner: the Acquire loads in the loops.
+        // Partner: the Acquire loads in the loops and in their re-checks
+        // before a park.
         self.shared.stop.store(true, Ordering::Release);
-        // Wake a thread parked on the doorbell now: it sees the flag at
-        // once, however long its park.
+        // Wake a thread parked on the doorbell now: with the re-check of
+        // the flag after announcing its park (the doorbell protocol), it
+        // sees the flag at once, however long its park.
         self.shared.fabric.doorbell().ring();
         let mut first = Ok(());
         for t in self.threads.drain(..) {
@@ -492,19 +495,22 @@ fn flusher_loop<F: Fabric>(s: &Shared<F>) -> Result<(), String> {
 }
 
 /// The flusher's nap after a pass that flushed a segment; it doubles with
-/// every pass that flushes none, up to [`FLUSHER_NAP_MAX`]. The master
-/// waits on the flusher only when all `segments_max` segments are full,
-/// which under load keeps the flusher at the short nap.
+/// every pass that flushes none, up to [`FLUSHER_NAP_MAX`]. So a closed
+/// segment may be noticed up to that much later, under load too. The
+/// master waits on the flusher only when all `segments_max` segments are
+/// full (with the defaults, 3 segments of 2 MiB not yet flushed), which
+/// takes far longer than that at any rate the backups keep up with.
 const FLUSHER_NAP_MIN: Duration = Duration::from_micros(200);
 /// The flusher's longest nap: the most a closed segment waits to be
-/// noticed after the service was idle.
+/// noticed.
 const FLUSHER_NAP_MAX: Duration = Duration::from_millis(2);
 
 /// Disk durability: sync while there is work (each round covers all that
 /// arrived during the previous one: group commit); idle on the doorbell
-/// (spin, yield, park: never a core burnt while idle) when there is none.
+/// when there is none, as the echo thread does ([`reply_idle`]: spin
+/// briefly, then park; a yielding syncer would receive nothing on tcp).
 fn syncer_loop<F: Fabric>(s: &Shared<F>, mut appender: SegmentAppender) -> Result<(), String> {
-    let mut idler = Idler::new(s.idle);
+    let mut idler = Idler::new(reply_idle(s.idle));
     let doorbell = s.fabric.doorbell();
     // Partner: the Release store in Backup::stop.
     while !s.stop.load(Ordering::Acquire) {
@@ -514,19 +520,25 @@ fn syncer_loop<F: Fabric>(s: &Shared<F>, mut appender: SegmentAppender) -> Resul
         }
         work += s.sync(&mut appender)?;
         // Work: the master published past what is on our disk.
-        idler.idle(work, doorbell, || s.master_head() != s.durable());
+        // Partner of the stop flag: the Release store in Backup::stop.
+        idler.idle(work, doorbell, || {
+            s.master_head() != s.durable() || s.stop.load(Ordering::Acquire)
+        });
     }
     Ok(())
 }
 
-/// Spin passes of the echo thread and the rpc copier before they park.
+/// Spin passes of the echo thread, the rpc copier and the disk syncer
+/// before they park.
 const REPLY_SPINS_MAX: u32 = 200;
-/// The shortest longest park of the echo thread and the rpc copier: the
-/// frame or the master's ring that brings work wakes them, and
-/// `Backup::stop` rings, so a longer park only saves wake-ups while idle.
+/// The shortest longest park of the echo thread, the rpc copier and the
+/// disk syncer: the frame or the master's ring that brings work wakes
+/// them, and `Backup::stop` rings, so a longer park only saves wake-ups
+/// while idle.
 const REPLY_PARK_MIN: Duration = Duration::from_millis(10);
 
-/// The idle strategy of the echo thread and the rpc copier: the
+/// The idle strategy of the echo thread, the rpc copier and the disk
+/// syncer: the
 /// configured one, but a backoff spins at most [`REPLY_SPINS_MAX`] passes,
 /// does not yield (see [`copier_loop`]) and parks up to
 /// [`REPLY_PARK_MIN`] or longer. Busy spinning stays as
@@ -568,6 +580,8 @@ fn copier_loop<F: Fabric>(s: &Shared<F>, step: fn(&Shared<F>) -> Result<u32, Str
                     .row(s.me())
                     .u64_at(s.layout.head.offset(s.me()))
                     .load(Ordering::Relaxed)
+                // Partner: the Release store in Backup::stop.
+                || s.stop.load(Ordering::Acquire)
         });
     }
     Ok(())

@@ -44,7 +44,7 @@ pub fn step<W: AtomicWord>(
     );
     write_and_sync(synced, seen)?;
     // Release: pairs with the Acquire load of `durable` in the master's
-    // `wait_durable` (through the push): the write and the sync of
+    // `wait_parked` (through the push): the write and the sync of
     // everything below `seen` happen before the acknowledgement.
     durable.store(seen, Ordering::Release);
     Ok(Some(seen))

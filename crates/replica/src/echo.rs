@@ -32,7 +32,7 @@ pub fn step<W: AtomicWord>(seen_guard: &W, echo: &W) -> Option<u64> {
         return None;
     }
     // Release: pairs with the Acquire load of the echo in the master's
-    // `wait_replies` (through the push): what this thread saw applied
+    // `wait_parked` (through the push): what this thread saw applied
     // (the bytes below `seen`) happens before the acknowledgement.
     echo.store(seen, Ordering::Release);
     Some(seen)

@@ -78,7 +78,9 @@ pub const STALL_NS_MAX: u64 = 60_000_000_000;
 /// costs at most that).
 const DURABLE_WAIT_IDLE: IdleStrategy = IdleStrategy::Backoff {
     spins: 1_000,
-    yields: 20,
+    // No yields: a yielding thread receives nothing on tcp (see
+    // ECHO_WAIT_IDLE); parked, it is woken by the syncer's frame.
+    yields: 0,
     park: Duration::from_millis(1),
 };
 

@@ -149,6 +149,14 @@ const SHARD_JOIN_ATTEMPTS_MAX: u32 = 4;
 /// The wait before attempt `n + 1` is `n` times this.
 const SHARD_JOIN_RETRY_DELAY: Duration = Duration::from_millis(250);
 
+/// How long `join_sharded_elastic` waits for its shard joins: every
+/// attempt may take the join timeout, the waits between attempts add
+/// up, and one more join timeout covers a joiner's top-level admission.
+fn startup_join_budget(join_timeout: Duration) -> Duration {
+    let waits: Duration = (1..SHARD_JOIN_ATTEMPTS_MAX).map(|n| SHARD_JOIN_RETRY_DELAY * n).sum();
+    join_timeout * (SHARD_JOIN_ATTEMPTS_MAX + 1) + waits
+}
+
 /// Whether a failed shard join may succeed if tried again: not a setting
 /// that is wrong, nor a thread that panicked.
 fn join_may_succeed_later(e: &Error) -> bool {
@@ -376,6 +384,7 @@ pub(crate) fn step<U: Upcalls + Send>(sharded: &mut Sharded<U>) -> Result<u32, E
             .filter(|&(g, s)| {
                 !shards.iter().any(|x| x.subgroup_index == g && x.shard == s)
                     && !el.pending.iter().any(|p| p.subgroup_index == g && p.shard == s)
+                    && !el.retries.iter().any(|r| r.subgroup_index == g && r.shard == s)
             })
             .collect();
         for (g, s) in entered {
@@ -483,7 +492,15 @@ pub(crate) fn step<U: Upcalls + Send>(sharded: &mut Sharded<U>) -> Result<u32, E
             continue;
         }
         let r = el.retries.swap_remove(k);
-        el.start_attempt(specs, g, s, r.initial, r.attempts + 1)?;
+        // The shard's first view as the first attempt saw it, less the
+        // members the layout has since moved out (all gone: the shard
+        // starts afresh with its members now, as in a first attempt).
+        let now = layout.members(g, s).unwrap_or(&[]);
+        let mut initial: Vec<usize> = r.initial.into_iter().filter(|m| now.contains(m)).collect();
+        if initial.is_empty() {
+            initial = now.to_vec();
+        }
+        el.start_attempt(specs, g, s, initial, r.attempts + 1)?;
         work += 1;
     }
     // Each shard's group takes its failures from the top-level view and
@@ -566,7 +583,9 @@ impl<A: Upcalls> GroupBuilder<A> {
     ///
     /// Needs membership on, every member of a shard a sender, and a
     /// mode other than persistent. Returns once this member is in every
-    /// shard the layout gives it (up to twice the join timeout).
+    /// shard the layout gives it (up to the join timeout per attempt
+    /// at a shard's join, and the waits between attempts, plus one
+    /// join timeout).
     pub fn join_sharded_elastic<U: Upcalls + Send + 'static>(
         mut self,
         make_app: impl FnMut(&str, usize) -> U + Send + 'static,
@@ -697,7 +716,7 @@ impl<A: Upcalls> GroupBuilder<A> {
         }
         // A joiner applies the layout of the view it joined in here.
         sharded.poll()?;
-        sharded.wait_joins(join_timeout * 2)?;
+        sharded.wait_joins(startup_join_budget(join_timeout))?;
         Ok(sharded)
     }
 }

@@ -25,9 +25,10 @@ use super::{Inner, PeerStatus};
 pub const RECV_BUFFER_BYTES: usize = 256 << 10;
 /// Reads from one peer per wake-up before the others get their turn.
 const READS_PER_PEER_MAX: usize = 8;
-/// How long the receive thread naps while a progress thread is parked on
-/// the sockets or drives the fabric (it receives then): also how soon the
-/// receive thread takes over when the loop stops driving.
+/// The receive thread's first nap while a progress thread is parked on
+/// the sockets or drives the fabric (it receives then); the naps grow
+/// while it still does (see [`RECV_NAP_PARKED_MAX_US`] and
+/// [`RECV_NAP_DRIVEN_MAX_US`]).
 const RECV_NAP_US: u64 = 500;
 /// The longest nap while loops keep receiving on their own threads
 /// ([`receive_now`]): how long frames may wait once every loop stops.
@@ -167,6 +168,7 @@ pub fn run(inner: Arc<Inner>) {
             // that this thread's wake-ups do not take the core from it.
             driven_seen = driven;
             parks_seen = parks;
+            parked_nap_us = RECV_NAP_US;
             std::thread::park_timeout(std::time::Duration::from_micros(nap_us));
             nap_us = (nap_us * 2).min(RECV_NAP_DRIVEN_MAX_US);
             continue;
