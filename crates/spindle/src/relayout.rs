@@ -483,6 +483,10 @@ pub(crate) fn step<U: Upcalls + Send>(sharded: &mut Sharded<U>) -> Result<u32, E
         let laid_in = layout.members(g, s).is_some_and(|m| m.contains(&rank));
         let busy = shards.iter().any(|x| x.subgroup_index == g && x.shard == s)
             || el.pending.iter().any(|p| p.subgroup_index == g && p.shard == s);
+        debug_assert!(
+            !busy,
+            "no double join: a shard waiting to be tried again is neither joined nor being joined (a new layout skips it)"
+        );
         if !laid_in || busy {
             el.retries.swap_remove(k);
             continue;
