@@ -202,6 +202,16 @@ pub trait Fabric: Send + Sync + 'static {
     fn receive_now(&self) -> bool {
         false
     }
+    /// Whether [`Fabric::receive_now`] makes a system call (tcp: a `recv`
+    /// per peer). A progress loop on such a fabric yields where it would
+    /// spin: a spin pass costs as much as a yield there and sees nothing
+    /// sooner, but keeps the core from the threads that share it (see
+    /// `spindle_runtime::Idler::cap_spins`). Fabrics that receive in user
+    /// space (shm, sim) say no, and so does ofi (its completion queue is
+    /// memory on a hardware provider).
+    fn receive_makes_system_calls(&self) -> bool {
+        false
+    }
     /// Send the pushes this fabric has held back to batch them (tcp with
     /// coalescing: one `sendmsg` per peer per progress pass). Pushes are
     /// visible to the peers only after it; the group layer calls it at the

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use spindle_fabric::doorbell::Doorbell;
 use spindle_fabric::shm::{ShmFabric, ShmOptions};
 use spindle_fabric::Fabric;
-use spindle_runtime::{monotonic_coarse_ns, Agent, AgentRunner, Idler, ThreadingMode};
+use spindle_runtime::idle::SYSCALL_PASS_SPINS_MAX;
+use spindle_runtime::{monotonic_coarse_ns, Agent, AgentRunner, IdleStrategy, Idler, ThreadingMode};
 
 use crate::config::{DeliveryMode, GroupConfig};
 use crate::core::GroupCore;
@@ -71,6 +72,14 @@ impl Group<ShmFabric> {
 }
 
 impl<F: Fabric> Group<F> {
+    fn from_parts(core: GroupCore<F>, config: GroupConfig) -> Group<F> {
+        Group {
+            idler: idler_for(core.fabric().as_ref(), config.idle),
+            core,
+            config,
+        }
+    }
+
     /// Join over an opened fabric as a member of the first view, waiting
     /// for every member of the first view to join.
     ///
@@ -94,11 +103,7 @@ impl<F: Fabric> Group<F> {
         wait_joined(fabric.as_ref(), &config, &initial)?;
         let Some((log, recovered)) = opened else {
             let core = GroupCore::new(fabric, &config, layout)?;
-            return Ok(Group {
-                core,
-                idler: Idler::new(config.idle),
-                config,
-            });
+            return Ok(Group::from_parts(core, config));
         };
         // Persistent mode: every start compares the members' logs (see
         // `crate::restart`); a group whose logs are all empty starts anew.
@@ -206,14 +211,7 @@ impl<F: Fabric> Group<F> {
             }
         };
         core.attach_log(log);
-        Ok((
-            Group {
-                core,
-                idler: Idler::new(config.idle),
-                config,
-            },
-            restarted,
-        ))
+        Ok((Group::from_parts(core, config), restarted))
     }
 
     /// [`Group::join`] with a log of the caller's (persistent mode): the
@@ -229,11 +227,7 @@ impl<F: Fabric> Group<F> {
             GroupCore::new_joiner(fabric, &config, layout)?
         };
         core.attach_log(log);
-        Ok(Group {
-            core,
-            idler: Idler::new(config.idle),
-            config,
-        })
+        Ok(Group::from_parts(core, config))
     }
 
     /// Join a running group over an opened fabric (a rank outside the
@@ -379,11 +373,7 @@ impl<F: Fabric> Group<F> {
         if let Some(log) = log {
             core.attach_log(log);
         }
-        Ok(Group {
-            core,
-            idler: Idler::new(config.idle),
-            config,
-        })
+        Ok(Group::from_parts(core, config))
     }
 
     /// Persistent mode: compact this member's log to the application's
@@ -515,6 +505,16 @@ type Handler = Box<dyn Upcalls + Send>;
 /// Wait until every rank of the first view has joined the fabric.
 /// Persistent mode: open this member's log in `persist_dir`; its sync
 /// thread rings the member's doorbell when the durable frontier moves.
+/// The idler of a loop over `fabric`: `strategy`, with its spins capped
+/// where a pass makes system calls ([`Idler::cap_spins`]).
+fn idler_for(fabric: &dyn Fabric, strategy: IdleStrategy) -> Idler {
+    let mut idler = Idler::new(strategy);
+    if fabric.receive_makes_system_calls() {
+        idler.cap_spins(SYSCALL_PASS_SPINS_MAX);
+    }
+    idler
+}
+
 fn open_log<F: Fabric>(
     fabric: &Arc<F>,
     config: &GroupConfig,

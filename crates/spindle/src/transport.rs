@@ -169,6 +169,9 @@ impl Fabric for AnyFabric {
     fn receive_now(&self) -> bool {
         each!(self, f => f.receive_now())
     }
+    fn receive_makes_system_calls(&self) -> bool {
+        each!(self, f => f.receive_makes_system_calls())
+    }
     #[inline]
     fn flush(&self) {
         each!(self, f => f.flush())

@@ -572,6 +572,11 @@ impl Fabric for TcpFabric {
         recv::receive_now(&self.inner)
     }
 
+    /// Yes: one non-blocking `recv` per open peer.
+    fn receive_makes_system_calls(&self) -> bool {
+        true
+    }
+
     /// Send the pushes coalesced so far (see [`TcpOptions::coalesce`]).
     fn flush(&self) {
         self.inner.flush_all();
