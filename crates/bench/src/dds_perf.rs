@@ -21,6 +21,8 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand, ValueEnum};
@@ -91,6 +93,28 @@ pub enum OnOff {
     Off,
 }
 
+/// Where ping and pong answer a sample (ddsperf's `listener` and
+/// `waitset` triggering modes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum Trigger {
+    /// In the reader's data-available listener, on the participant's
+    /// progress thread (ddsperf's default): a sample is answered where it
+    /// is delivered, with no wake-up of an application thread.
+    #[default]
+    Listener,
+    /// On the application thread, woken by `wait_for_data`.
+    Waitset,
+}
+
+impl Trigger {
+    fn name(self) -> &'static str {
+        match self {
+            Trigger::Listener => "listener",
+            Trigger::Waitset => "waitset",
+        }
+    }
+}
+
 /// `spindle dds perf` arguments.
 #[derive(Args, Debug, Clone, Serialize, Deserialize)]
 pub struct PerfArgs {
@@ -144,6 +168,11 @@ pub struct PerfArgs {
     /// Plot latency and NAPA's occupancy and gap over time (SVG) here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// ping and pong: answer each sample in the reader's listener, on the
+    /// progress thread (ddsperf's default), or on the application thread.
+    #[arg(long, value_enum, default_value_t = Trigger::Listener)]
+    #[serde(default)]
+    pub trigger: Trigger,
     /// The participants' progress threads when idle: backoff (spin, yield,
     /// park; the default) or spin.
     #[arg(long, default_value = "backoff")]
@@ -256,6 +285,9 @@ pub struct PerfResult {
     pub writes_blocked: u64,
     /// NAPA's window occupancy and gap over time.
     pub trace: Vec<TracePoint>,
+    /// ping/pong: where each sample was answered (`listener` or `waitset`).
+    #[serde(default)]
+    pub trigger: String,
     /// The participants ran their RTPS gateway (`--rtps`), and each topic
     /// was bridged out (`--rtps-bridge`).
     #[serde(default)]
@@ -315,6 +347,8 @@ fn pair(args: &PerfArgs) -> Result<(), String> {
         args.domain.to_string(),
         "--idle".into(),
         args.idle.clone(),
+        "--trigger".into(),
+        args.trigger.name().into(),
     ];
     if args.best_effort {
         common.push("--best-effort".into());
@@ -388,6 +422,11 @@ fn pair(args: &PerfArgs) -> Result<(), String> {
     let measured = if args.latency { writer } else { reader };
     let span = reader.received_span_s.max(1e-9);
     let result = PerfResult {
+        trigger: if args.latency {
+            args.trigger.name().into()
+        } else {
+            String::new()
+        },
         size: args.size,
         reliable: !args.best_effort,
         napa: args.napa == OnOff::On && !args.best_effort,
@@ -643,77 +682,14 @@ fn run_role(role: Role, args: &PerfArgs) -> Result<Part, DdsError> {
             part.received_span_s = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
             part.latency_ns = Percentiles::from_histogram(&h);
         }
-        Role::Ping => {
-            let ping = p.create_topic::<PerfSample>("perf/ping")?;
-            let pong = p.create_topic::<PerfSample>("perf/pong")?;
-            let (_bridge, readers) = bridge_out(&p, &ping, args)?;
-            let writer = p.create_writer_with_napa(&ping, writer_qos(args), napa(args))?;
-            let reader = p.create_reader(&pong, reader_qos(args, p.window_slots()))?;
-            writer.wait_for_readers(readers, MATCH_WAIT)?;
-            reader.wait_for_writers(1, MATCH_WAIT)?;
-            let mut h = histogram();
-            let mut sample = filler(args.size);
-            let started = Instant::now();
-            let period = (args.rate > 0).then(|| Duration::from_secs_f64(1.0 / args.rate as f64));
-            while started.elapsed() < run_for {
-                sample.seq += 1;
-                let sent = Instant::now();
-                writer.write(&sample)?;
-                let mut echoed = false;
-                let wait_until = Instant::now() + Duration::from_secs(5);
-                while !echoed {
-                    reader.take_raw(16, |info, _| echoed |= info.valid_data);
-                    if !echoed {
-                        if Instant::now() > wait_until {
-                            return Err(DdsError::Timeout {
-                                waiting_for: format!("the echo of ping {}", sample.seq),
-                                waited_ms: 5000,
-                            });
-                        }
-                        reader.wait_for_data(Duration::from_millis(1));
-                    }
-                }
-                let _ = h.record((sent.elapsed().as_nanos() as u64).max(1));
-                part.received += 1;
-                if let Some(period) = period {
-                    if let Some(wait) = period.checked_sub(sent.elapsed()) {
-                        std::thread::sleep(wait);
-                    }
-                }
-            }
-            part.written = writer.status().samples_written;
-            part.latency_ns = Percentiles::from_histogram(&h);
-        }
-        Role::Pong => {
-            let ping = p.create_topic::<PerfSample>("perf/ping")?;
-            let pong = p.create_topic::<PerfSample>("perf/pong")?;
-            let reader = p.create_reader(&ping, reader_qos(args, p.window_slots()))?;
-            let (_bridge, _readers) = bridge_out(&p, &pong, args)?;
-            let writer = p.create_writer_with_napa(&pong, writer_qos(args), napa(args))?;
-            reader.wait_for_writers(1, MATCH_WAIT)?;
-            let deadline = Instant::now() + run_for + Duration::from_secs(40);
-            let mut echo = filler(args.size);
-            while Instant::now() < deadline {
-                let mut got = None;
-                reader.take_raw(16, |info, bytes| {
-                    if info.valid_data {
-                        got = Some(bytes.len());
-                    }
-                });
-                match got {
-                    Some(_) => {
-                        echo.seq += 1;
-                        writer.write(&echo)?;
-                        part.received += 1;
-                    }
-                    None if reader.status().matched_writers == 0 && part.received > 0 => break,
-                    None => {
-                        reader.wait_for_data(Duration::from_millis(1));
-                    }
-                }
-            }
-            part.written = writer.status().samples_written;
-        }
+        Role::Ping => match args.trigger {
+            Trigger::Waitset => ping_waitset(&p, args, run_for, &mut part)?,
+            Trigger::Listener => ping_listener(&p, args, run_for, &mut part)?,
+        },
+        Role::Pong => match args.trigger {
+            Trigger::Waitset => pong_waitset(&p, args, run_for, &mut part)?,
+            Trigger::Listener => pong_listener(&p, args, run_for, &mut part)?,
+        },
         Role::Pair => unreachable!("pair runs two roles"),
     }
     p.close()?;
@@ -724,4 +700,261 @@ fn run_role(role: Role, args: &PerfArgs) -> Result<Part, DdsError> {
 pub fn read_result(path: &Path) -> Result<PerfResult, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// ping, woken on the application thread (`--trigger waitset`): write one
+/// sample, wait for its echo in `wait_for_data`, record the round trip.
+fn ping_waitset(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part: &mut Part) -> Result<(), DdsError> {
+    let ping = p.create_topic::<PerfSample>("perf/ping")?;
+    let pong = p.create_topic::<PerfSample>("perf/pong")?;
+    let (_bridge, readers) = bridge_out(p, &ping, args)?;
+    let writer = p.create_writer_with_napa(&ping, writer_qos(args), napa(args))?;
+    let reader = p.create_reader(&pong, reader_qos(args, p.window_slots()))?;
+    writer.wait_for_readers(readers, MATCH_WAIT)?;
+    reader.wait_for_writers(1, MATCH_WAIT)?;
+    let mut h = histogram();
+    let mut sample = filler(args.size);
+    let started = Instant::now();
+    let period = (args.rate > 0).then(|| Duration::from_secs_f64(1.0 / args.rate as f64));
+    while started.elapsed() < run_for {
+        sample.seq += 1;
+        let sent = Instant::now();
+        writer.write(&sample)?;
+        let mut echoed = false;
+        let wait_until = Instant::now() + Duration::from_secs(5);
+        while !echoed {
+            reader.take_raw(16, |info, _| echoed |= info.valid_data);
+            if !echoed {
+                if Instant::now() > wait_until {
+                    return Err(DdsError::Timeout {
+                        waiting_for: format!("the echo of ping {}", sample.seq),
+                        waited_ms: 5000,
+                    });
+                }
+                reader.wait_for_data(Duration::from_millis(1));
+            }
+        }
+        let _ = h.record((sent.elapsed().as_nanos() as u64).max(1));
+        part.received += 1;
+        if let Some(period) = period {
+            if let Some(wait) = period.checked_sub(sent.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+    part.written = writer.status().samples_written;
+    part.latency_ns = Percentiles::from_histogram(&h);
+    Ok(())
+}
+
+/// pong, woken on the application thread (`--trigger waitset`).
+fn pong_waitset(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part: &mut Part) -> Result<(), DdsError> {
+    let ping = p.create_topic::<PerfSample>("perf/ping")?;
+    let pong = p.create_topic::<PerfSample>("perf/pong")?;
+    let reader = p.create_reader(&ping, reader_qos(args, p.window_slots()))?;
+    let (_bridge, _readers) = bridge_out(p, &pong, args)?;
+    let writer = p.create_writer_with_napa(&pong, writer_qos(args), napa(args))?;
+    reader.wait_for_writers(1, MATCH_WAIT)?;
+    let deadline = Instant::now() + run_for + Duration::from_secs(40);
+    let mut echo = filler(args.size);
+    while Instant::now() < deadline {
+        let mut got = None;
+        reader.take_raw(16, |info, bytes| {
+            if info.valid_data {
+                got = Some(bytes.len());
+            }
+        });
+        match got {
+            Some(_) => {
+                echo.seq += 1;
+                writer.write(&echo)?;
+                part.received += 1;
+            }
+            None if reader.status().matched_writers == 0 && part.received > 0 => break,
+            None => {
+                reader.wait_for_data(Duration::from_millis(1));
+            }
+        }
+    }
+    part.written = writer.status().samples_written;
+    Ok(())
+}
+
+/// How long ping waits for an echo before it gives up.
+const ECHO_WAIT: Duration = Duration::from_secs(5);
+
+/// What ping's listener shares with its application thread.
+struct PingState {
+    h: hdrhistogram::Histogram<u64>,
+    /// Pings written (the last one's sequence number).
+    written: u64,
+    /// Echoes received.
+    echoed: u64,
+    /// When the last ping was written.
+    sent: Instant,
+    /// The run is over (time is up, or a write failed).
+    done: bool,
+    error: Option<DdsError>,
+}
+
+/// ping, answered in the pong reader's listener (`--trigger listener`,
+/// ddsperf's default): the listener records the round trip and, at a
+/// saturating load, writes the next ping right there, on the progress
+/// thread. With `--rate` the application thread writes each ping at its
+/// time and the listener only records.
+fn ping_listener(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part: &mut Part) -> Result<(), DdsError> {
+    let ping = p.create_topic::<PerfSample>("perf/ping")?;
+    let pong = p.create_topic::<PerfSample>("perf/pong")?;
+    let (_bridge, readers) = bridge_out(p, &ping, args)?;
+    let writer = Arc::new(p.create_writer_with_napa(&ping, writer_qos(args), napa(args))?);
+    let reader = Arc::new(p.create_reader(&pong, reader_qos(args, p.window_slots()))?);
+    writer.wait_for_readers(readers, MATCH_WAIT)?;
+    reader.wait_for_writers(1, MATCH_WAIT)?;
+    let shared = Arc::new((
+        Mutex::new(PingState {
+            h: histogram(),
+            written: 0,
+            echoed: 0,
+            sent: Instant::now(),
+            done: false,
+            error: None,
+        }),
+        Condvar::new(),
+    ));
+    let chained = args.rate == 0;
+    let started = Instant::now();
+    {
+        let (writer, listened, shared) = (writer.clone(), reader.clone(), shared.clone());
+        let mut sample = filler(args.size);
+        reader.on_data_available(move || {
+            let mut echoes = 0u64;
+            listened.take_raw(16, |info, _| echoes += info.valid_data as u64);
+            if echoes == 0 {
+                return;
+            }
+            let (lock, echoed) = &*shared;
+            let mut st = lock.lock().expect("ping state lock");
+            if st.done || st.echoed >= st.written {
+                return;
+            }
+            let rtt_ns = (st.sent.elapsed().as_nanos() as u64).max(1);
+            let _ = st.h.record(rtt_ns);
+            st.echoed += 1;
+            if chained && started.elapsed() < run_for {
+                st.written += 1;
+                sample.seq = st.written;
+                st.sent = Instant::now();
+                // One ping in flight: the window has room, so this write
+                // does not wait (it would wait on this very thread).
+                if let Err(e) = writer.write(&sample) {
+                    st.error = Some(e);
+                    st.done = true;
+                }
+            } else if chained {
+                st.done = true;
+            }
+            echoed.notify_all();
+        });
+    }
+    let (lock, echoed) = &*shared;
+    let mut sample = filler(args.size);
+    let period = (!chained).then(|| Duration::from_secs_f64(1.0 / args.rate as f64));
+    let result = loop {
+        let mut st = lock.lock().expect("ping state lock");
+        if let Some(e) = st.error.take() {
+            break Err(e);
+        }
+        if st.done || (!chained && started.elapsed() >= run_for && st.echoed == st.written) {
+            break Ok(());
+        }
+        if st.echoed == st.written && (chained || st.written == 0 || period.is_some_and(|p| st.sent.elapsed() >= p)) {
+            // The first ping (or, with --rate, the next one at its time).
+            st.written += 1;
+            sample.seq = st.written;
+            st.sent = Instant::now();
+            drop(st);
+            writer.write(&sample)?;
+            continue;
+        }
+        if st.echoed < st.written && st.sent.elapsed() > ECHO_WAIT {
+            break Err(DdsError::Timeout {
+                waiting_for: format!("the echo of ping {}", st.written),
+                waited_ms: ECHO_WAIT.as_millis() as u64,
+            });
+        }
+        let wait = match period {
+            Some(p) if st.echoed == st.written => p.saturating_sub(st.sent.elapsed()),
+            _ => Duration::from_millis(10),
+        };
+        drop(
+            echoed
+                .wait_timeout(st, wait.max(Duration::from_micros(1)))
+                .expect("ping state lock"),
+        );
+    };
+    // Drop the listener (it holds the reader and the writer) before they go.
+    reader.on_data_available(|| {});
+    result?;
+    let st = lock.lock().expect("ping state lock");
+    part.received = st.echoed;
+    part.written = writer.status().samples_written;
+    part.latency_ns = Percentiles::from_histogram(&st.h);
+    Ok(())
+}
+
+/// pong, answered in the ping reader's listener (`--trigger listener`):
+/// each ping is echoed on the progress thread that delivers it.
+fn pong_listener(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part: &mut Part) -> Result<(), DdsError> {
+    let ping = p.create_topic::<PerfSample>("perf/ping")?;
+    let pong = p.create_topic::<PerfSample>("perf/pong")?;
+    let reader = Arc::new(p.create_reader(&ping, reader_qos(args, p.window_slots()))?);
+    let (_bridge, _readers) = bridge_out(p, &pong, args)?;
+    let writer = Arc::new(p.create_writer_with_napa(&pong, writer_qos(args), napa(args))?);
+    let echoed = Arc::new(AtomicU64::new(0));
+    let failure: Arc<Mutex<Option<DdsError>>> = Arc::new(Mutex::new(None));
+    // Take every ping there is and echo each: from the listener, and from
+    // this thread now and then (a ping delivered before the listener was
+    // set would wait for nobody otherwise). Writes of one writer are
+    // serialized, so the two never interleave an echo.
+    let echo_all = {
+        let (writer, reader, echoed, failure) = (writer.clone(), reader.clone(), echoed.clone(), failure.clone());
+        let echo = Mutex::new(filler(args.size));
+        move || {
+            let mut pings = 0u64;
+            reader.take_raw(16, |info, _| pings += info.valid_data as u64);
+            let mut echo = echo.lock().expect("echo lock");
+            for _ in 0..pings {
+                echo.seq += 1;
+                // One ping in flight: the window has room (no wait on the
+                // progress thread).
+                if let Err(e) = writer.write(&*echo) {
+                    failure.lock().expect("failure lock").get_or_insert(e);
+                    return;
+                }
+                echoed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    };
+    let echo_all = Arc::new(echo_all);
+    {
+        let echo_all = echo_all.clone();
+        reader.on_data_available(move || echo_all());
+    }
+    reader.wait_for_writers(1, MATCH_WAIT)?;
+    let deadline = Instant::now() + run_for + Duration::from_secs(40);
+    let result = loop {
+        if let Some(e) = failure.lock().expect("failure lock").take() {
+            break Err(e);
+        }
+        if Instant::now() >= deadline || (reader.status().matched_writers == 0 && echoed.load(Ordering::Relaxed) > 0) {
+            break Ok(());
+        }
+        echo_all();
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    reader.on_data_available(|| {});
+    result?;
+    part.received = echoed.load(Ordering::Relaxed);
+    part.written = writer.status().samples_written;
+    Ok(())
 }
