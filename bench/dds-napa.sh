@@ -7,6 +7,7 @@
 #
 #   bench/dds-napa.sh [--seconds S] [--window W] [--sizes "5120 …"] [--transports "tcp tcp-netns shm"]
 #
+# Env: SPINDLE_BIN (skip the build and measure that binary).
 # Writes bench/results/dds-napa-<transport>-w<W>.json (one row per size
 # with both runs and the ratios) and prints a table. The netns part needs
 # root (ip netns, veth); it is skipped with a note otherwise.
@@ -27,8 +28,13 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-cargo build --release -p spindle-cli >/dev/null
-spindle=target/release/spindle
+# SPINDLE_BIN: a spindle binary to measure instead of building one.
+if [ -n "${SPINDLE_BIN:-}" ]; then
+    spindle=$SPINDLE_BIN
+else
+    cargo build --release -p spindle-cli >/dev/null
+    spindle=${CARGO_TARGET_DIR:-target}/release/spindle
+fi
 work=$(mktemp -d /tmp/dds-napa.XXXXXX)
 ns0=ddsnapa$$a
 ns1=ddsnapa$$b
