@@ -622,7 +622,7 @@ fn run_role(role: Role, args: &PerfArgs) -> Result<Part, DdsError> {
                 // At a saturating load the clock is read once per
                 // PUB_CLOCK_READ_EVERY samples (a read is ~30 ns here, a
                 // tenth of a small sample's write); at a rate, every time.
-                if period.is_some() || sample.seq % PUB_CLOCK_READ_EVERY == 0 {
+                if period.is_some() || sample.seq.is_multiple_of(PUB_CLOCK_READ_EVERY) {
                     elapsed = started.elapsed();
                     if elapsed >= run_for {
                         break;
