@@ -42,6 +42,21 @@ pub enum Error {
     /// The progress thread stopped with an error, or panicked.
     #[error("the progress thread stopped: {0}")]
     Thread(String),
+    /// Joining a shard of an elastic subgroup failed for good (after its
+    /// attempts, when the cause may pass: see `Sharded`'s join retry).
+    #[error("subgroup {subgroup:?} shard {shard}: joining failed (attempt {attempts} of {attempts_max}): {source}")]
+    ShardJoin {
+        /// The subgroup's name.
+        subgroup: String,
+        /// The shard's index in the subgroup.
+        shard: usize,
+        /// The attempts made, this last one included.
+        attempts: u32,
+        /// The most attempts a join gets.
+        attempts_max: u32,
+        /// Why the last attempt failed.
+        source: Box<Error>,
+    },
 }
 
 impl From<GroupError> for Error {

@@ -458,7 +458,13 @@ pub(crate) fn step<U: Upcalls + Send>(sharded: &mut Sharded<U>) -> Result<u32, E
                         waiting_for: format!("subgroup {:?} shard {} ({waiting_for}{attempts})", spec.name, p.shard),
                         waited_ms,
                     },
-                    other => other,
+                    other => Error::ShardJoin {
+                        subgroup: spec.name.clone(),
+                        shard: p.shard,
+                        attempts: p.attempts,
+                        attempts_max: SHARD_JOIN_ATTEMPTS_MAX,
+                        source: Box::new(other),
+                    },
                 });
             }
         };

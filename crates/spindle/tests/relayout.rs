@@ -535,6 +535,19 @@ fn tcp_a_shard_join_that_keeps_failing_is_returned_after_its_attempts() {
     assert_eq!(retries, 3, "4 attempts: the first and 3 more ({error})");
     let text = error.to_string();
     assert!(
+        matches!(
+            &error,
+            Error::ShardJoin {
+                shard: 0,
+                attempts: 4,
+                attempts_max: 4,
+                ..
+            }
+        ),
+        "the error names the shard and the attempts: {error:?}"
+    );
+    assert!(text.contains("shard 0") && text.contains("attempt 4 of 4"), "{text}");
+    assert!(
         text.contains(&spare_shard0_port.port().to_string()) || text.to_lowercase().contains("in use"),
         "the reason names the port or says it is in use: {text}"
     );
