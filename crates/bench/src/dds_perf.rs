@@ -169,10 +169,11 @@ pub struct PerfArgs {
     #[arg(long)]
     pub svg: Option<PathBuf>,
     /// ping and pong: answer each sample in the reader's listener, on the
-    /// progress thread (ddsperf's default), or on the application thread.
-    #[arg(long, value_enum, default_value_t = Trigger::Listener)]
+    /// progress thread (ddsperf's default: `listener`), or on the
+    /// application thread (`waitset`).
+    #[arg(long, value_enum)]
     #[serde(default)]
-    pub trigger: Trigger,
+    pub trigger: Option<Trigger>,
     /// The participants' progress threads when idle: backoff (spin, yield,
     /// park; the default) or spin.
     #[arg(long, default_value = "backoff")]
@@ -305,6 +306,17 @@ fn perf(args: PerfArgs) -> Result<(), String> {
     if !(args.seconds > 0.0 && args.seconds <= 3600.0) {
         return Err(format!("--seconds {} must be in (0, 3600]", args.seconds));
     }
+    let round_trip = matches!(args.role, Role::Ping | Role::Pong) || (args.role == Role::Pair && args.latency);
+    if args.trigger.is_some() && !round_trip {
+        return Err("--trigger applies to ping and pong (pair --latency) only".into());
+    }
+    if round_trip && args.napa == OnOff::On && args.trigger.unwrap_or_default() == Trigger::Listener {
+        return Err(
+            "--napa on paces each write with a sleep, which in the listener would stop the progress thread: \
+             use --trigger waitset with --napa on"
+                .into(),
+        );
+    }
     match args.role {
         Role::Pair => pair(&args),
         role => {
@@ -347,9 +359,10 @@ fn pair(args: &PerfArgs) -> Result<(), String> {
         args.domain.to_string(),
         "--idle".into(),
         args.idle.clone(),
-        "--trigger".into(),
-        args.trigger.name().into(),
     ];
+    if let Some(trigger) = args.trigger {
+        common.extend(["--trigger".into(), trigger.name().into()]);
+    }
     if args.best_effort {
         common.push("--best-effort".into());
     }
@@ -423,7 +436,7 @@ fn pair(args: &PerfArgs) -> Result<(), String> {
     let span = reader.received_span_s.max(1e-9);
     let result = PerfResult {
         trigger: if args.latency {
-            args.trigger.name().into()
+            args.trigger.unwrap_or_default().name().into()
         } else {
             String::new()
         },
@@ -695,11 +708,11 @@ fn run_role(role: Role, args: &PerfArgs) -> Result<Part, DdsError> {
             part.received_span_s = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
             part.latency_ns = Percentiles::from_histogram(&h);
         }
-        Role::Ping => match args.trigger {
+        Role::Ping => match args.trigger.unwrap_or_default() {
             Trigger::Waitset => ping_waitset(&p, args, run_for, &mut part)?,
             Trigger::Listener => ping_listener(&p, args, run_for, &mut part)?,
         },
-        Role::Pong => match args.trigger {
+        Role::Pong => match args.trigger.unwrap_or_default() {
             Trigger::Waitset => pong_waitset(&p, args, run_for, &mut part)?,
             Trigger::Listener => pong_listener(&p, args, run_for, &mut part)?,
         },
@@ -796,6 +809,16 @@ fn pong_waitset(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part:
 /// How long ping waits for an echo before it gives up.
 const ECHO_WAIT: Duration = Duration::from_secs(5);
 
+/// Clears a reader's listener when dropped: the listener holds the reader
+/// (and a writer), so it must go before they can, on every path out.
+struct ListenerReset<'r>(&'r spindle::dds::DataReader<PerfSample>);
+
+impl Drop for ListenerReset<'_> {
+    fn drop(&mut self) {
+        self.0.on_data_available(|| {});
+    }
+}
+
 /// What ping's listener shares with its application thread.
 struct PingState {
     h: hdrhistogram::Histogram<u64>,
@@ -803,6 +826,9 @@ struct PingState {
     written: u64,
     /// Echoes received.
     echoed: u64,
+    /// Echoes that came with no ping waiting for one (pong answered a
+    /// ping twice): an error at the end.
+    stray: u64,
     /// When the last ping was written.
     sent: Instant,
     /// The run is over (time is up, or a write failed).
@@ -813,8 +839,8 @@ struct PingState {
 /// ping, answered in the pong reader's listener (`--trigger listener`,
 /// ddsperf's default): the listener records the round trip and, at a
 /// saturating load, writes the next ping right there, on the progress
-/// thread. With `--rate` the application thread writes each ping at its
-/// time and the listener only records.
+/// thread, without waking this thread. With `--rate` this thread writes
+/// each ping at its time and the listener records the echo.
 fn ping_listener(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part: &mut Part) -> Result<(), DdsError> {
     let ping = p.create_topic::<PerfSample>("perf/ping")?;
     let pong = p.create_topic::<PerfSample>("perf/pong")?;
@@ -828,6 +854,7 @@ fn ping_listener(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part
             h: histogram(),
             written: 0,
             echoed: 0,
+            stray: 0,
             sent: Instant::now(),
             done: false,
             error: None,
@@ -845,15 +872,22 @@ fn ping_listener(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part
             if echoes == 0 {
                 return;
             }
-            let (lock, echoed) = &*shared;
+            let (lock, changed) = &*shared;
             let mut st = lock.lock().expect("ping state lock");
-            if st.done || st.echoed >= st.written {
+            // One ping in flight: one echo per ping, the rest are strays.
+            let expected = (st.written - st.echoed).min(echoes);
+            st.stray += echoes - expected;
+            if st.done || expected == 0 {
                 return;
             }
             let rtt_ns = (st.sent.elapsed().as_nanos() as u64).max(1);
             let _ = st.h.record(rtt_ns);
             st.echoed += 1;
-            if chained && started.elapsed() < run_for {
+            if !chained {
+                // The application thread waits for this echo to write the
+                // next ping at its time.
+                changed.notify_all();
+            } else if started.elapsed() < run_for {
                 st.written += 1;
                 sample.seq = st.written;
                 st.sent = Instant::now();
@@ -862,23 +896,25 @@ fn ping_listener(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part
                 if let Err(e) = writer.write(&sample) {
                     st.error = Some(e);
                     st.done = true;
+                    changed.notify_all();
                 }
-            } else if chained {
+            } else {
                 st.done = true;
+                changed.notify_all();
             }
-            echoed.notify_all();
         });
     }
-    let (lock, echoed) = &*shared;
+    let _reset = ListenerReset(&reader);
+    let (lock, changed) = &*shared;
     let mut sample = filler(args.size);
     let period = (!chained).then(|| Duration::from_secs_f64(1.0 / args.rate as f64));
-    let result = loop {
+    loop {
         let mut st = lock.lock().expect("ping state lock");
         if let Some(e) = st.error.take() {
-            break Err(e);
+            return Err(e);
         }
         if st.done || (!chained && started.elapsed() >= run_for && st.echoed == st.written) {
-            break Ok(());
+            break;
         }
         if st.echoed == st.written && (chained || st.written == 0 || period.is_some_and(|p| st.sent.elapsed() >= p)) {
             // The first ping (or, with --rate, the next one at its time).
@@ -890,25 +926,30 @@ fn ping_listener(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part
             continue;
         }
         if st.echoed < st.written && st.sent.elapsed() > ECHO_WAIT {
-            break Err(DdsError::Timeout {
+            return Err(DdsError::Timeout {
                 waiting_for: format!("the echo of ping {}", st.written),
                 waited_ms: ECHO_WAIT.as_millis() as u64,
             });
         }
+        // Chained, the listener notifies only at the end (no wake-up per
+        // round trip): look at the echo timeout every 10 ms meanwhile.
         let wait = match period {
             Some(p) if st.echoed == st.written => p.saturating_sub(st.sent.elapsed()),
             _ => Duration::from_millis(10),
         };
         drop(
-            echoed
+            changed
                 .wait_timeout(st, wait.max(Duration::from_micros(1)))
                 .expect("ping state lock"),
         );
-    };
-    // Drop the listener (it holds the reader and the writer) before they go.
-    reader.on_data_available(|| {});
-    result?;
+    }
     let st = lock.lock().expect("ping state lock");
+    if st.stray > 0 {
+        return Err(DdsError::Config(format!(
+            "{} echoes came with no ping waiting for one (pong answered a ping more than once)",
+            st.stray
+        )));
+    }
     part.received = st.echoed;
     part.written = writer.status().samples_written;
     part.latency_ns = Percentiles::from_histogram(&st.h);
@@ -935,6 +976,9 @@ fn pong_listener(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part
         move || {
             let mut pings = 0u64;
             reader.take_raw(16, |info, _| pings += info.valid_data as u64);
+            if pings == 0 {
+                return;
+            }
             let mut echo = echo.lock().expect("echo lock");
             for _ in 0..pings {
                 echo.seq += 1;
@@ -953,20 +997,19 @@ fn pong_listener(p: &DomainParticipant, args: &PerfArgs, run_for: Duration, part
         let echo_all = echo_all.clone();
         reader.on_data_available(move || echo_all());
     }
+    let _reset = ListenerReset(&reader);
     reader.wait_for_writers(1, MATCH_WAIT)?;
     let deadline = Instant::now() + run_for + Duration::from_secs(40);
-    let result = loop {
+    loop {
         if let Some(e) = failure.lock().expect("failure lock").take() {
-            break Err(e);
+            return Err(e);
         }
         if Instant::now() >= deadline || (reader.status().matched_writers == 0 && echoed.load(Ordering::Relaxed) > 0) {
-            break Ok(());
+            break;
         }
         echo_all();
         std::thread::sleep(Duration::from_millis(10));
-    };
-    reader.on_data_available(|| {});
-    result?;
+    }
     part.received = echoed.load(Ordering::Relaxed);
     part.written = writer.status().samples_written;
     Ok(())

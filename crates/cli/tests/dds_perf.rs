@@ -64,4 +64,14 @@ fn a_bad_trigger_is_refused_with_the_choices() {
     assert!(!out.status.success());
     let text = common::text(&out);
     assert!(text.contains("listener") && text.contains("waitset"), "{text}");
+    // A trigger for pub/sub, which has none.
+    let out = common::run(common::spindle().args(["dds", "perf", "pair", "--trigger", "waitset"]));
+    assert!(!out.status.success());
+    let text = common::text(&out);
+    assert!(text.contains("--trigger applies to ping and pong"), "{text}");
+    // NAPA's pacing sleeps: not in a listener on the progress thread.
+    let out = common::run(common::spindle().args(["dds", "perf", "pair", "--latency", "--napa", "on"]));
+    assert!(!out.status.success());
+    let text = common::text(&out);
+    assert!(text.contains("--trigger waitset"), "{text}");
 }

@@ -502,19 +502,27 @@ impl<F: Fabric> Group<F> {
 
 type Handler = Box<dyn Upcalls + Send>;
 
-/// Wait until every rank of the first view has joined the fabric.
-/// Persistent mode: open this member's log in `persist_dir`; its sync
-/// thread rings the member's doorbell when the durable frontier moves.
+/// The most idle passes a loop over `fabric` spins ([`Idler::cap_spins`]):
+/// [`SYSCALL_PASS_SPINS_MAX`] where a pass makes system calls.
+fn spins_max_for(fabric: &dyn Fabric) -> u32 {
+    if fabric.receive_makes_system_calls() {
+        SYSCALL_PASS_SPINS_MAX
+    } else {
+        u32::MAX
+    }
+}
+
 /// The idler of a loop over `fabric`: `strategy`, with its spins capped
 /// where a pass makes system calls ([`Idler::cap_spins`]).
 fn idler_for(fabric: &dyn Fabric, strategy: IdleStrategy) -> Idler {
     let mut idler = Idler::new(strategy);
-    if fabric.receive_makes_system_calls() {
-        idler.cap_spins(SYSCALL_PASS_SPINS_MAX);
-    }
+    idler.cap_spins(spins_max_for(fabric));
     idler
 }
 
+/// Wait until every rank of the first view has joined the fabric.
+/// Persistent mode: open this member's log in `persist_dir`; its sync
+/// thread rings the member's doorbell when the durable frontier moves.
 fn open_log<F: Fabric>(
     fabric: &Arc<F>,
     config: &GroupConfig,
@@ -604,6 +612,9 @@ impl<F: Fabric> Agent for GroupAgent<F> {
     }
     fn record_idle(&mut self, parks: u64, yields: u64) {
         self.group.core.record_idle(parks, yields);
+    }
+    fn spins_max(&self) -> u32 {
+        spins_max_for(self.group.core.fabric().as_ref())
     }
     fn name(&self) -> String {
         format!("{}#{}", self.group.config.name, self.group.my_rank())

@@ -34,6 +34,12 @@ pub trait Agent: Send {
     fn doorbell(&self) -> &dyn Doorbell;
     /// Called after every pass with the loop's parks and yields so far.
     fn record_idle(&mut self, _parks: u64, _yields: u64) {}
+    /// The most idle passes the loop should spin before it yields (see
+    /// [`crate::Idler::cap_spins`]): fewer where a pass makes system
+    /// calls. A thread running several agents takes the smallest.
+    fn spins_max(&self) -> u32 {
+        u32::MAX
+    }
     /// A name for logs and thread dumps.
     fn name(&self) -> String;
 }
@@ -124,6 +130,7 @@ fn run_agents<A: Agent>(mut agents: Vec<A>, idle: IdleStrategy, stop: &AtomicBoo
         return Ok(agents);
     }
     let mut idler = Idler::new(idle);
+    idler.cap_spins(agents.iter().map(|a| a.spins_max()).min().unwrap_or(u32::MAX));
     // Acquire: pairs with the Release store in `AgentRunner::stop`.
     while !stop.load(Ordering::Acquire) {
         let now_ns = monotonic_coarse_ns();

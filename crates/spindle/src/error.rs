@@ -44,7 +44,7 @@ pub enum Error {
     Thread(String),
     /// Joining a shard of an elastic subgroup failed for good (after its
     /// attempts, when the cause may pass: see `Sharded`'s join retry).
-    #[error("subgroup {subgroup:?} shard {shard}: joining failed (attempt {attempts} of {attempts_max}): {source}")]
+    #[error("subgroup {subgroup:?} shard {shard}: joining failed{}: {cause}", attempt_note(.attempts, .attempts_max))]
     ShardJoin {
         /// The subgroup's name.
         subgroup: String,
@@ -54,9 +54,18 @@ pub enum Error {
         attempts: u32,
         /// The most attempts a join gets.
         attempts_max: u32,
-        /// Why the last attempt failed.
-        source: Box<Error>,
+        /// Why the last attempt failed (in the message, so not also the
+        /// error's `source`).
+        cause: Box<Error>,
     },
+}
+
+/// ", attempt n of max" when the join was tried again, else nothing.
+fn attempt_note(attempts: &u32, attempts_max: &u32) -> String {
+    match attempts {
+        1 => String::new(),
+        n => format!(" (attempt {n} of {attempts_max})"),
+    }
 }
 
 impl From<GroupError> for Error {

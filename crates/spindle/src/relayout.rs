@@ -463,7 +463,7 @@ pub(crate) fn step<U: Upcalls + Send>(sharded: &mut Sharded<U>) -> Result<u32, E
                         shard: p.shard,
                         attempts: p.attempts,
                         attempts_max: SHARD_JOIN_ATTEMPTS_MAX,
-                        source: Box::new(other),
+                        cause: Box::new(other),
                     },
                 });
             }
