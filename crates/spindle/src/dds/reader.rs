@@ -1,6 +1,7 @@
 //! [`DataReader`]: a reader's history, filled by the progress thread.
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,6 +66,9 @@ pub(crate) struct ReaderShared {
     data_available: Condvar,
     matches: Mutex<Matches>,
     listener: Mutex<Option<Listener>>,
+    /// Whether a listener is set: the delivery path locks `listener`
+    /// only then.
+    has_listener: AtomicBool,
 }
 
 impl ReaderShared {
@@ -80,6 +84,7 @@ impl ReaderShared {
             data_available: Condvar::new(),
             matches: Mutex::new(Matches::default()),
             listener: Mutex::new(None),
+            has_listener: AtomicBool::new(false),
         }
     }
 
@@ -108,8 +113,12 @@ impl ReaderShared {
             if waited {
                 self.data_available.notify_all();
             }
-            if let Some(listener) = self.listener.lock().expect("listener lock").as_mut() {
-                listener();
+            // Relaxed: a listener set while this sample is inserted may
+            // miss it, as one set just after would.
+            if self.has_listener.load(Ordering::Relaxed) {
+                if let Some(listener) = self.listener.lock().expect("listener lock").as_mut() {
+                    listener();
+                }
             }
         }
     }
@@ -344,6 +353,7 @@ impl<T: TopicType> DataReader<T> {
     /// never block) each time a sample is accepted.
     pub fn on_data_available(&self, f: impl FnMut() + Send + 'static) {
         *self.shared.listener.lock().expect("listener lock") = Some(Box::new(f));
+        self.shared.has_listener.store(true, Ordering::Relaxed);
     }
 
     /// Matches, history counters, deadlines missed, liveliness.
