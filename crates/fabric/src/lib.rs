@@ -74,11 +74,34 @@ impl PeerSet {
     pub fn contains(self, rank: usize) -> bool {
         rank < MEMBERS_MAX && self.0 & (1u64 << rank) != 0
     }
-    /// The ranks in the set, lowest first.
-    pub fn iter(self) -> impl Iterator<Item = usize> {
-        (0..MEMBERS_MAX).filter(move |r| self.contains(*r))
+    /// The ranks in the set, lowest first: one step per member in the
+    /// set, not per possible rank (a push to one peer is on every send).
+    pub fn iter(self) -> PeerSetIter {
+        PeerSetIter(self.0)
     }
 }
+
+/// The ranks of a [`PeerSet`], lowest first ([`PeerSet::iter`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PeerSetIter(u64);
+
+impl Iterator for PeerSetIter {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        if self.0 == 0 {
+            return None;
+        }
+        let rank = self.0.trailing_zeros() as usize;
+        self.0 &= self.0 - 1; // clear the lowest set bit
+        Some(rank)
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.0.count_ones() as usize;
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for PeerSetIter {}
 
 /// Why a fabric operation failed. Every variant names what went wrong and
 /// where, so the message can be shown to a user as it is.
@@ -274,4 +297,31 @@ pub fn check_range(range: &Range<usize>, row_len_bytes: usize) -> Result<(), Fab
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod peer_set_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The bit iterator yields exactly the ranks `contains` accepts,
+        /// lowest first, each once.
+        #[test]
+        fn iter_yields_exactly_the_members_in_order(mask in any::<u64>()) {
+            let set = PeerSet(mask);
+            let by_iter: Vec<usize> = set.iter().collect();
+            let by_contains: Vec<usize> = (0..MEMBERS_MAX).filter(|r| set.contains(*r)).collect();
+            prop_assert_eq!(set.iter().len(), by_contains.len());
+            prop_assert_eq!(by_iter, by_contains);
+        }
+    }
+
+    #[test]
+    fn iter_edges() {
+        assert_eq!(PeerSet(0).iter().count(), 0);
+        assert_eq!(PeerSet(1 << 63).iter().collect::<Vec<_>>(), vec![63]);
+        assert_eq!(PeerSet::all(64).iter().count(), 64);
+        assert_eq!(PeerSet::all_except(2, 4).iter().collect::<Vec<_>>(), vec![0, 1, 3]);
+    }
 }
