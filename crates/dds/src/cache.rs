@@ -49,10 +49,8 @@
 //! assert_eq!(got, vec![(2, 2), (3, 3)]); // keep-last 2
 //! ```
 
-use std::collections::HashMap;
-
 use crate::qos::{History, Ownership, ReaderQos, SAMPLE_BYTES_LIMIT};
-use crate::types::{InstanceHandle, SampleKind, SampleMeta, WriterId};
+use crate::types::{IdHashMap, InstanceHandle, SampleKind, SampleMeta, WriterId};
 
 /// The most writers one cache tracks (live ones, and lost ones kept for
 /// duplicate detection until their entry is needed).
@@ -574,9 +572,9 @@ pub struct ReaderCache {
     store: SampleStore<Stored>,
     instances: Vec<Instance>,
     instance_free: u32,
-    instance_index: HashMap<InstanceHandle, u32>,
+    instance_index: IdHashMap<InstanceHandle, u32>,
     writers: Vec<WriterEntry>,
-    writer_index: HashMap<WriterId, u32>,
+    writer_index: IdHashMap<WriterId, u32>,
     /// Read/take calls so far (view states).
     call: u64,
     status: ReaderStatus,
@@ -611,9 +609,9 @@ impl ReaderCache {
             store: SampleStore::new(limits.max_samples),
             instances: Vec::new(),
             instance_free: NIL,
-            instance_index: HashMap::new(),
+            instance_index: IdHashMap::default(),
             writers: Vec::new(),
-            writer_index: HashMap::new(),
+            writer_index: IdHashMap::default(),
             call: 0,
             status: ReaderStatus::default(),
             next_expiry_ns: u64::MAX,

@@ -35,11 +35,9 @@
 //! assert_eq!(replayed, vec![2, 3, 4, 5]); // the last 2 of each instance, in seq order
 //! ```
 
-use std::collections::HashMap;
-
 use crate::cache::{Chain, SampleStore, NIL};
 use crate::qos::{History, WriterQos};
-use crate::types::{InstanceHandle, SampleKind, SampleMeta};
+use crate::types::{IdHashMap, InstanceHandle, SampleKind, SampleMeta};
 
 /// The limit a sample would have exceeded; nothing was recorded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -86,7 +84,7 @@ pub struct WriterHistory {
     max_samples: u32,
     max_sample_bytes: u32,
     store: SampleStore<SampleMeta>,
-    instances: HashMap<InstanceHandle, Chain>,
+    instances: IdHashMap<InstanceHandle, Chain>,
     /// The last seq recorded (seqs must rise).
     last_seq: u64,
 }
@@ -109,7 +107,7 @@ impl WriterHistory {
             max_samples: limits.max_samples,
             max_sample_bytes: qos.max_sample_bytes,
             store: SampleStore::new(limits.max_samples),
-            instances: HashMap::new(),
+            instances: IdHashMap::default(),
             last_seq: 0,
         }
     }

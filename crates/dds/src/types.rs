@@ -1,7 +1,8 @@
 //! The identifiers every part of the DDS layer shares: which writer,
 //! which reader, which instance, what kind of sample.
 
-use std::hash::Hash;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -42,6 +43,43 @@ impl ReaderId {
         endpoint_participant(self.0)
     }
 }
+
+/// Hashes the `u64` ids of this layer (writer and reader ids, instance
+/// handles) with one multiplication, for the maps looked up once per
+/// delivered sample (routes, histories, a reader's instances and writers).
+/// SipHash, the default, cost two of them per sample. No hash flooding
+/// is opened by it: endpoint ids are made by members of the domain, and
+/// an instance handle is already an unkeyed hash (xxh3) of its key, so
+/// colliding keys could be chosen with SipHash too.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IdHasher(u64);
+
+/// Fibonacci hashing's multiplier: 2^64 divided by the golden ratio.
+const FIBONACCI_MULTIPLIER: u64 = 0x9E37_79B9_7F4A_7C15;
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (u64 keys); any other key still hashes.
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, id: u64) {
+        // A folded multiply: the 128-bit product's halves XORed. The low
+        // half's low bits see only the id's low bits, the high half's see
+        // all of them; the table picks the bucket with the low bits (and
+        // a tag with the top 7), so ids that differ only in the
+        // participant rank (bits 48..64) still spread over the buckets.
+        let product = u128::from(self.0 ^ id) * u128::from(FIBONACCI_MULTIPLIER);
+        self.0 = (product as u64) ^ ((product >> 64) as u64);
+    }
+}
+
+/// A map keyed by a `u64` id (or a newtype of one), hashed by [`IdHasher`].
+pub type IdHashMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// An instance of a keyed topic: the 64-bit hash of its key (xxh3 of the
 /// key's serialization). A keyless topic has one instance, handle 0.
@@ -190,6 +228,29 @@ pub struct DecodeError(pub String);
 mod tests {
     use super::*;
     use serde::Deserialize;
+
+    /// Writers with the same local index in different participants
+    /// differ only in bits 48..64: their hashes must still differ in the
+    /// low bits the table picks buckets with.
+    #[test]
+    fn id_hasher_spreads_participant_ranks_over_buckets() {
+        use std::hash::BuildHasher;
+        let build = BuildHasherDefault::<IdHasher>::default();
+        let buckets_mask = 63u64;
+        let buckets: std::collections::HashSet<u64> = (0..64)
+            .map(|rank| build.hash_one(WriterId(endpoint_id(rank, 1))) & buckets_mask)
+            .collect();
+        assert!(
+            buckets.len() >= 32,
+            "64 participants' writer 1 fell in {} of 64 buckets",
+            buckets.len()
+        );
+        let mut map: IdHashMap<InstanceHandle, u32> = IdHashMap::default();
+        for i in 0..1000u32 {
+            map.insert(InstanceHandle(u64::from(i) << 40), i);
+        }
+        assert!((0..1000u32).all(|i| map[&InstanceHandle(u64::from(i) << 40)] == i));
+    }
 
     #[derive(Serialize, Deserialize, Debug, PartialEq)]
     struct Reading {
