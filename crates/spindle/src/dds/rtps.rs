@@ -1235,7 +1235,13 @@ mod two_way {
     use crate::dds::{DomainParticipant, ReaderQos, ResourceLimits, WriterQos};
 
     const SAMPLES: u32 = 10_000;
-    const RTPS_DOMAIN: u16 = 77;
+
+    /// The RTPS domain of a test (`lane` 0 or 1), picked from the process
+    /// id: two test processes at once (two checkouts' CI runs) then rarely
+    /// share one (1 in 48), and never within one process. Domains 70..166.
+    fn rtps_domain(lane: u16) -> u16 {
+        70 + 2 * (std::process::id() % 48) as u16 + lane
+    }
 
     /// A participant of domain `group_domain` alone, with its RTPS gateway
     /// in RTPS domain `rtps_domain`, a topic `name`, and the reliable
@@ -1269,14 +1275,15 @@ mod two_way {
 
     #[test]
     fn a_two_way_bridge_delivers_past_its_history_without_stalling_or_looping() {
-        let (p, topic, wqos, rqos) = alone_with_rtps(0x4100_0000, RTPS_DOMAIN, "two-way");
+        let domain = rtps_domain(0);
+        let (p, topic, wqos, rqos) = alone_with_rtps(0x4100_0000, domain, "two-way");
         let bridge = p
             .bridge_rtps_one_way(&topic, wqos.clone(), rqos.clone(), BridgeDirection::Both)
             .expect("a two-way bridge");
         let group_reader = p.create_reader(&topic, rqos).expect("group reader");
 
         // The RTPS side: another participant (as Cyclone would be).
-        let (_outside, mut rtps_reader) = outside_reader(RTPS_DOMAIN, "two-way", 1 << 16);
+        let (_outside, mut rtps_reader) = outside_reader(domain, "two-way", 1 << 16);
         bridge
             .wait_for_rtps_readers(1, Duration::from_secs(30))
             .expect("the outside reader matched");
@@ -1376,8 +1383,6 @@ mod two_way {
         (outside, reader)
     }
 
-    const RTPS_DOMAIN_LAZY: u16 = 78;
-
     /// Wait (bounded) until `done`; false if it never was.
     fn eventually(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
         let deadline = Instant::now() + timeout;
@@ -1399,7 +1404,8 @@ mod two_way {
     /// there, the first check fails (the writer matched 2 readers).
     #[test]
     fn a_bridged_topic_holds_its_writers_back_only_while_an_rtps_reader_is_matched() {
-        let (p, topic, wqos, rqos) = alone_with_rtps(0x4200_0000, RTPS_DOMAIN_LAZY, "lazy");
+        let domain = rtps_domain(1);
+        let (p, topic, wqos, rqos) = alone_with_rtps(0x4200_0000, domain, "lazy");
         let bridge = p
             .bridge_rtps_one_way(&topic, wqos.clone(), rqos.clone(), BridgeDirection::ToRtps)
             .expect("a bridge out");
@@ -1422,7 +1428,7 @@ mod two_way {
         assert_eq!(bridge.counts().to_rtps, 0);
         assert!(bridge.flush(Duration::from_secs(5)).expect("flush"), "nothing owed");
 
-        let (outside, mut rtps_reader) = outside_reader(RTPS_DOMAIN_LAZY, "lazy", 1 << 12);
+        let (outside, mut rtps_reader) = outside_reader(domain, "lazy", 1 << 12);
         bridge
             .wait_for_rtps_readers(1, Duration::from_secs(30))
             .expect("the outside reader matched");
