@@ -1,39 +1,41 @@
-//! The RESP server (runtime): one thread per client, at most
-//! `clients_max` clients (one more is answered `-ERR max number of
-//! clients reached` and closed), each request bounded by [`Limits`]; a
-//! client that sends no complete request for `idle_timeout` (idle, or a
-//! request left half-sent) is closed, so stuck clients cannot hold every
-//! slot; pipelined
-//! requests are handled in batches (every complete request in what one
-//! read brought, under one lock), with one write of all their replies.
-//! A batch's appends do not wait one by one for the backups' replies
-//! (rpc) or echoes (tcp). Where the master waits for the backups at all,
-//! group commit spans clients: a batch is executed under the lock and
-//! takes a ticket; the lock is then let go so that other clients' batches
-//! execute too, and one commit (one wait for the backups, under the lock)
-//! covers every batch executed before it started. No reply of a batch is
-//! written before a commit covering its ticket has returned, so no client
-//! — this one or another — is answered from a write that not every backup
-//! has (a read may see such a write, but its reply waits for the same
-//! commit). Where a push is already the completion (shm, one-sided,
-//! memory durability), a batch commits in the same lock hold, as before.
+//! The RESP server (runtime): one thread, one `epoll` loop over the
+//! listener and every client (as Redis serves), at most `clients_max`
+//! clients (one more is answered `-ERR max number of clients reached`
+//! and closed), each request bounded by [`Limits`]; a client that sends
+//! no complete request for `idle_timeout` (idle, or a request left
+//! half-sent) is closed, so stuck clients cannot hold every slot.
+//!
+//! A round of the loop: one `epoll_wait`; one read from every ready
+//! client and every complete request it brought executed (the appends
+//! do not wait one by one for the backups' replies (rpc) or echoes
+//! (tcp)); then **one commit for the whole round** (one wait for the
+//! backups, housekeeping, the lease), so a round's batches, from every
+//! client, share it: group commit across clients with no lock and no
+//! thread to wake; then every ready client's replies are written. No
+//! reply is written before the commit that covers its batch has
+//! returned, so no client — this one or another — is answered from a
+//! write that not every backup has (a read may see such a write, but its
+//! reply waits for the same commit). A reply the socket does not take at
+//! once waits for writability, and that client is not read meanwhile.
+//!
 //! If a commit fails the master cannot tell which writes are
-//! replicated: the service is marked failed under the lock, the batch's
-//! replies are dropped, no later batch runs, every client is closed and
-//! [`serve`] returns [`ServeError::Replication`]; the caller leaves the
-//! group (a process exits) and a backup takes over from its log.
-//! After each batch the leader's housekeeping runs under the same lock
-//! ([`Leader::maintain`]: replacing dead backups, cleaning the log).
+//! replicated: no reply of the round is written, every client is closed
+//! and [`serve`] returns [`ServeError::Replication`]; the caller leaves
+//! the group (a process exits) and a backup takes over from its log.
 //! With a stop flag, [`serve`] stops cleanly once the flag is set: it
 //! stops accepting, closes every client, takes the leader back (no write
 //! in flight), ends the epoch with every backup's log sealed on disk and
 //! returns the leader.
+//!
+//! Until 2026-11-29 the server ran a thread per client and a commit
+//! yielded while other clients' batches queued for the store's lock: 50
+//! pipelining clients on 2 CPUs spent 43% of the CPU in those yields
+//! (`bench/RESULTS-replica.md`).
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
-use std::thread::{Scope, ScopedJoinHandle};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::command::{execute, Args, CommandLimits, Context, Flow, Session, REDIS_COMPAT_VERSION};
@@ -43,9 +45,9 @@ use crate::node::{Leader, Membership};
 use crate::resp::{parse_request, reply, Limits};
 use crate::store::ObjectMap;
 
-/// How long an idle accept loop sleeps before it looks at the stop flag
-/// (and for new clients) again.
-const ACCEPT_POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// How long the loop waits for readiness before it looks at the stop
+/// flag (and the idle clients) again.
+const POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Serving parameters.
 #[derive(Clone, Debug)]
@@ -110,7 +112,6 @@ pub fn bind(addr: &str, wait: Duration) -> Result<TcpListener, String> {
 /// A listener on `addr` with `SO_REUSEADDR` and `SO_REUSEPORT` set
 /// before the bind (std's `TcpListener::bind` sets only the first).
 fn bind_reuse_port(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     // SAFETY: socket(2) takes no pointers; the descriptor it returns is
     // owned by `socket` right below, which closes it on every path.
@@ -185,20 +186,6 @@ fn bind_reuse_port(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     Ok(TcpListener::from(socket))
 }
 
-/// What the batches share, under one lock.
-struct Guarded<F: Membership> {
-    leader: Leader<F>,
-    /// Set by the batch whose replication failed; no batch runs after it.
-    failure: Option<String>,
-    /// Tests: one line per answered batch that wrote (see [`ACK_LOG_ENV`]).
-    ack_log: Option<std::fs::File>,
-    /// Tickets of the batches executed so far (the last one handed out).
-    tickets_executed: u64,
-    /// Every batch whose ticket is at most this is replicated (and this
-    /// master was still allowed to answer when that was known).
-    tickets_committed: u64,
-}
-
 /// Tests: with this environment variable set to a directory, the master
 /// appends `<CLOCK_MONOTONIC ns> <rank> <epoch>` to `<dir>/acks-<rank>.log`
 /// for every batch with a write that it answered, so that a test can check
@@ -206,107 +193,225 @@ struct Guarded<F: Membership> {
 /// process of the host, network namespaces included).
 pub const ACK_LOG_ENV: &str = "SPINDLE_KV_ACK_LOG";
 
-/// The service's state, shared by the accept loop and the client threads.
+/// Readiness events taken from `epoll_wait` per round (more wait for the
+/// next round: the interest is level-triggered).
+const EVENTS_PER_ROUND_MAX: usize = 256;
+
+/// Connections accepted per round, at most (the rest in the next round).
+const ACCEPTS_PER_ROUND_MAX: usize = 64;
+
+/// The listener's `epoll` token; a client's is its slot + 1.
+const LISTENER_TOKEN: u64 = 0;
+
+/// A client's read buffer to start with (it grows up to the request bound).
+const READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// The service's state: the leader and what every batch reads.
 struct Service<'a, F: Membership> {
-    guarded: Mutex<Guarded<F>>,
-    /// Mirrors `Guarded::failure` for the accept loop, which does not take
-    /// the lock.
-    failed: AtomicBool,
-    /// Clients with a batch read and waiting for the lock to execute it:
-    /// a commit lets them execute first (boundedly) so that it covers
-    /// their batches too.
-    batches_queued: AtomicUsize,
+    leader: Leader<F>,
+    /// Tests: one line per answered batch that wrote (see [`ACK_LOG_ENV`]).
+    ack_log: Option<std::fs::File>,
     stop: Option<&'a AtomicBool>,
     /// The master's failover driver: once it stepped down, serving ends.
     driver: std::sync::Arc<Driver<F>>,
     info_extra: String,
     limits: Limits,
     command_limits: CommandLimits,
-    idle_timeout: Duration,
+    /// A request is at most a few bulk strings over the value bound.
+    buffer_bytes_max: usize,
 }
 
 impl<F: Membership> Service<'_, F> {
     fn stopping(&self) -> bool {
-        // Partner (first load): the Release store of the stop flag by its
-        // owner (a signal handler, `KvService::shutdown`). Partner
-        // (second): the Release store of `failed` in `handle_batch`.
-        self.stop.is_some_and(|s| s.load(Ordering::Acquire))
-            || self.failed.load(Ordering::Acquire)
-            || self.driver.stepped_down().is_some()
+        // Partner: the Release store of the stop flag by its owner (a
+        // signal handler, `KvService::shutdown`).
+        self.stop.is_some_and(|s| s.load(Ordering::Acquire)) || self.driver.stepped_down().is_some()
     }
 }
 
-/// A client's thread and a second handle of its socket, to close it when
-/// the service stops.
-struct Client<'scope> {
-    thread: ScopedJoinHandle<'scope, ()>,
-    socket: TcpStream,
+/// One client of the event loop.
+struct Client {
+    stream: TcpStream,
+    session: Session,
+    /// Bytes read and not yet executed: `buf[..filled]`.
+    buf: Vec<u8>,
+    filled: usize,
+    /// Replies of this round (written after its commit), or left over
+    /// from an earlier round's write that would have blocked.
+    out: Vec<u8>,
+    /// Bytes of `out` already written.
+    out_sent: usize,
+    /// Registered for writability (replies pending) instead of reads.
+    want_write: bool,
+    /// The last complete request (idle timeout).
+    last_request: Instant,
+    /// This round's batch wrote (the ack log's line).
+    wrote: bool,
+    /// Close once `out` is written (QUIT, a protocol error).
+    closing: bool,
+}
+
+impl Client {
+    fn replies_pending(&self) -> bool {
+        self.out_sent < self.out.len()
+    }
+}
+
+/// The loop's `epoll` instance (level-triggered interest).
+struct Epoll(OwnedFd);
+
+impl Epoll {
+    fn new() -> std::io::Result<Epoll> {
+        // SAFETY: epoll_create1 takes no pointers.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn control(&self, op: libc::c_int, fd: RawFd, events: u32, token: u64) -> std::io::Result<()> {
+        let mut event = libc::epoll_event { events, u64: token };
+        // SAFETY: `event` lives across the call; both descriptors are open.
+        if unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut event) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn wait(&self, events: &mut [libc::epoll_event], timeout: Duration) -> std::io::Result<usize> {
+        let timeout_ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // SAFETY: the kernel writes at most `events.len()` entries into
+        // `events`, which lives across the call.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.0.as_raw_fd(),
+                events.as_mut_ptr(),
+                events.len() as libc::c_int,
+                timeout_ms,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return if e.kind() == std::io::ErrorKind::Interrupted {
+                Ok(0)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(n as usize)
+    }
 }
 
 /// Serve clients on `listener` (made non-blocking) until the stop flag
-/// is set or a batch's replication fails. Every client thread has ended
-/// when it returns: on a stop, with the epoch ended cleanly and the
-/// leader handed back; on a failure, with [`ServeError::Replication`].
+/// is set or a commit fails: one thread, one `epoll` loop over the
+/// listener and every client (module docs). Every client is closed when
+/// it returns: on a stop, with the epoch ended cleanly and the leader
+/// handed back; on a failure, with [`ServeError::Replication`].
 pub fn serve<F: Membership>(
     listener: &TcpListener,
     leader: Leader<F>,
     options: ServeOptions<'_>,
 ) -> Result<Leader<F>, ServeError> {
     listener.set_nonblocking(true).map_err(ServeError::Listener)?;
+    let epoll = Epoll::new().map_err(ServeError::Listener)?;
+    epoll
+        .control(
+            libc::EPOLL_CTL_ADD,
+            listener.as_raw_fd(),
+            libc::EPOLLIN as u32,
+            LISTENER_TOKEN,
+        )
+        .map_err(ServeError::Listener)?;
     let ack_log = std::env::var_os(ACK_LOG_ENV).and_then(|dir| {
         let path = std::path::Path::new(&dir).join(format!("acks-{}.log", leader.master_rank()));
         std::fs::OpenOptions::new().create(true).append(true).open(path).ok()
     });
-    let driver = leader.driver().clone();
-    let service = Service {
-        guarded: Mutex::new(Guarded {
-            leader,
-            failure: None,
-            ack_log,
-            tickets_executed: 0,
-            tickets_committed: 0,
-        }),
-        failed: AtomicBool::new(false),
-        batches_queued: AtomicUsize::new(0),
+    let limits = Limits::for_values(options.value_bytes_max);
+    let mut service = Service {
+        driver: leader.driver().clone(),
+        leader,
+        ack_log,
         stop: options.stop,
-        driver,
         info_extra: options.info_extra,
-        limits: Limits::for_values(options.value_bytes_max),
+        buffer_bytes_max: limits.bulk_bytes_max * 2 + 64 * 1024,
+        limits,
         command_limits: CommandLimits {
             value_bytes_max: options.value_bytes_max,
         },
-        idle_timeout: options.idle_timeout,
     };
-    std::thread::scope(|scope| {
-        let mut clients: Vec<Client<'_>> = Vec::new();
-        let mut next_id = 1u64;
-        while !service.stopping() {
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    admit(scope, &service, stream, &mut clients, options.clients_max, next_id);
-                    next_id += 1;
-                }
-                // Nothing pending (non-blocking) or a connection aborted
-                // before it was accepted.
-                Err(_) => std::thread::sleep(ACCEPT_POLL_INTERVAL),
+    let mut clients: Vec<Option<Client>> = Vec::new();
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_ROUND_MAX];
+    let mut ready: Vec<usize> = Vec::with_capacity(EVENTS_PER_ROUND_MAX);
+    let mut next_id = 1u64;
+    let mut idle_checked = Instant::now();
+    let served = loop {
+        if service.stopping() {
+            break Ok(());
+        }
+        let n = match epoll.wait(&mut events, POLL_INTERVAL) {
+            Ok(n) => n,
+            Err(e) => break Err(ServeError::Listener(e)),
+        };
+        let mut accept_now = false;
+        ready.clear();
+        for event in &events[..n] {
+            match event.u64 {
+                LISTENER_TOKEN => accept_now = true,
+                token => ready.push((token - 1) as usize),
             }
         }
-        // Wake every client blocked in a read or a write; a batch in
-        // flight ends first (it holds the lock), its replies are lost.
-        for client in &clients {
-            let _ = client.socket.shutdown(Shutdown::Both);
+        // Execute what every ready client sent; the replies wait.
+        let mut executed = false;
+        for &slot in &ready {
+            let Some(client) = clients[slot].as_mut() else { continue };
+            if client.replies_pending() || client.closing {
+                continue; // writable: its replies go out below
+            }
+            match read_and_execute(client, &mut service) {
+                Ok(ran) => executed |= ran,
+                Err(()) => clients[slot] = None, // closed, reset or over the bound
+            }
         }
-        for client in clients {
-            let _ = client.thread.join();
+        // One commit covers every batch of the round.
+        if executed {
+            if let Err(e) = commit(&mut service.leader) {
+                // Which writes are replicated is unknown: no reply.
+                break Err(ServeError::Replication(e));
+            }
+            log_acks(&mut service, &mut clients, &ready);
         }
-    });
-    let stepped_down = service.driver.stepped_down();
-    let Guarded {
-        mut leader, failure, ..
-    } = service.guarded.into_inner().unwrap_or_else(|p| p.into_inner());
-    if let Some(e) = failure {
-        return Err(ServeError::Replication(e));
+        for &slot in &ready {
+            let Some(client) = clients[slot].as_mut() else { continue };
+            if write_replies(client, &epoll, slot).is_err() || (client.closing && !client.replies_pending()) {
+                clients[slot] = None;
+            }
+        }
+        if accept_now {
+            accept_clients(listener, &epoll, &mut clients, options.clients_max, &mut next_id);
+        }
+        if !options.idle_timeout.is_zero() && idle_checked.elapsed() >= POLL_INTERVAL {
+            idle_checked = Instant::now();
+            for slot in clients.iter_mut() {
+                // Idle, or a request left half-sent: free the slot.
+                if slot
+                    .as_ref()
+                    .is_some_and(|c| c.last_request.elapsed() >= options.idle_timeout)
+                {
+                    *slot = None;
+                }
+            }
+        }
+    };
+    // Close every client; replies not yet written are lost.
+    for client in clients.iter().flatten() {
+        let _ = client.stream.shutdown(Shutdown::Both);
     }
+    drop(clients);
+    let stepped_down = service.driver.stepped_down();
+    served?;
+    let Service { mut leader, .. } = service;
     if let Some(why) = stepped_down {
         return Err(ServeError::Replication(format!("the master stepped down: {why}")));
     }
@@ -314,193 +419,157 @@ pub fn serve<F: Membership>(
     Ok(leader)
 }
 
-/// Start a thread for a new client, unless `clients_max` are served.
-fn admit<'scope, 'env, F: Membership>(
-    scope: &'scope Scope<'scope, 'env>,
-    service: &'scope Service<'env, F>,
-    mut stream: TcpStream,
-    clients: &mut Vec<Client<'scope>>,
+/// Accept the connections waiting (bounded per round); one over
+/// `clients_max` is answered with an error and closed.
+fn accept_clients(
+    listener: &TcpListener,
+    epoll: &Epoll,
+    clients: &mut Vec<Option<Client>>,
     clients_max: usize,
-    id: u64,
+    next_id: &mut u64,
 ) {
-    reap(clients);
-    if clients.len() >= clients_max {
-        let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
-        return;
-    }
-    // Out of descriptors or threads: the stream is dropped (closed).
-    let Ok(socket) = stream.try_clone() else { return };
-    let spawned = std::thread::Builder::new()
-        .name("kv-client".into())
-        .spawn_scoped(scope, move || {
-            let _ = handle_client(&mut stream, service, id);
-            // End the connection now: the accept loop's clone of the
-            // socket would keep it open until the thread is reaped.
-            let _ = stream.shutdown(Shutdown::Both);
+    for _ in 0..ACCEPTS_PER_ROUND_MAX {
+        // WouldBlock: none left; any other error: a connection aborted
+        // before it was accepted, or out of descriptors (retried at the
+        // listener's next readiness).
+        let Ok((mut stream, _)) = listener.accept() else { return };
+        if clients.iter().flatten().count() >= clients_max {
+            let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
+            continue;
+        }
+        if stream.set_nonblocking(true).is_err() || stream.set_nodelay(true).is_err() {
+            continue;
+        }
+        let slot = clients.iter().position(Option::is_none).unwrap_or_else(|| {
+            clients.push(None);
+            clients.len() - 1
         });
-    if let Ok(thread) = spawned {
-        clients.push(Client { thread, socket });
-    }
-}
-
-/// Join the clients whose threads have ended.
-fn reap(clients: &mut Vec<Client<'_>>) {
-    let mut i = 0;
-    while i < clients.len() {
-        if clients[i].thread.is_finished() {
-            let _ = clients.swap_remove(i).thread.join();
-        } else {
-            i += 1;
+        let token = slot as u64 + 1;
+        if epoll
+            .control(libc::EPOLL_CTL_ADD, stream.as_raw_fd(), libc::EPOLLIN as u32, token)
+            .is_err()
+        {
+            continue;
         }
+        clients[slot] = Some(Client {
+            stream,
+            session: Session {
+                id: *next_id,
+                ..Session::default()
+            },
+            buf: vec![0; READ_BUFFER_BYTES],
+            filled: 0,
+            out: Vec::with_capacity(READ_BUFFER_BYTES),
+            out_sent: 0,
+            want_write: false,
+            last_request: Instant::now(),
+            wrote: false,
+            closing: false,
+        });
+        *next_id += 1;
     }
 }
 
-/// The `INFO` reply (the fields `spindle kv serve` reports).
-/// It says the server is Spindle, which Redis version its replies follow
-/// (`redis_version`, which some clients read) and which Redis commands
-/// it implements (`redis_commands`); everything else is an unknown
-/// command.
-fn info_text(store_mode: &str, epoch: u64, backups: usize, head: u64, objects: &ObjectMap, extra: &str) -> String {
-    format!(
-        "# Server\r\nserver_name:spindle\r\nspindle_version:{}\r\nredis_version:{REDIS_COMPAT_VERSION}\r\nredis_compatibility:a subset of Redis {REDIS_COMPAT_VERSION}: strings only, one database, no persistence commands, no pub/sub, no transactions\r\nredis_commands:{}\r\nredis_mode:standalone\r\n# Replication\r\nrole:master\r\nreplication_mode:{store_mode}\r\nepoch:{epoch}\r\nconnected_slaves:{backups}\r\nlog_head:{head}\r\n{extra}# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
-        env!("CARGO_PKG_VERSION"),
-        command_list(),
-        objects.bytes(),
-        objects.bytes_max(),
-        objects.len(),
-        objects.expiring()
-    )
-}
-
-/// Serve one client: read, answer every complete request of what one read
-/// brought as one batch (one group commit), write the replies. Ends at
-/// the client's close, at a stop or failure (between batches), when the
-/// accept loop shuts the socket down, or when no complete request came
-/// for the idle timeout.
-fn handle_client<F: Membership>(stream: &mut TcpStream, service: &Service<'_, F>, id: u64) -> std::io::Result<()> {
-    // Accepted from a non-blocking listener: make sure reads block.
-    stream.set_nonblocking(false)?;
-    stream.set_nodelay(true)?;
-    let idle = service.idle_timeout;
-    if !idle.is_zero() {
-        // A read waits at most this long: then the idle check below runs.
-        stream.set_read_timeout(Some(idle))?;
+/// One read from a ready client, then every complete request in its
+/// buffer executed (no reply written yet). `Ok(true)`: requests ran;
+/// `Err(())`: the client is gone (closed, reset) and is dropped.
+fn read_and_execute<F: Membership>(client: &mut Client, service: &mut Service<'_, F>) -> Result<bool, ()> {
+    if client.filled == client.buf.len() {
+        if client.buf.len() >= service.buffer_bytes_max {
+            reply::error(
+                &mut client.out,
+                "ERR Protocol error: request larger than the server's bound",
+            );
+            client.closing = true;
+            return Ok(false);
+        }
+        let grown = (client.buf.len() * 2).min(service.buffer_bytes_max);
+        client.buf.resize(grown, 0);
     }
-    let mut session = Session {
-        id,
-        ..Session::default()
+    let n = match client.stream.read(&mut client.buf[client.filled..]) {
+        Ok(0) => return Err(()),
+        Ok(n) => n,
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => return Ok(false),
+        Err(_) => return Err(()),
     };
-    let mut last_request = Instant::now();
-    // A request is at most a few bulk strings over the value bound.
-    let buffer_max = service.limits.bulk_bytes_max * 2 + 64 * 1024;
-    let mut buf: Vec<u8> = vec![0; 16 * 1024];
-    let (mut filled, mut out) = (0usize, Vec::with_capacity(16 * 1024));
-    while !service.stopping() {
-        if filled == buf.len() {
-            if buf.len() >= buffer_max {
-                reply::error(&mut out, "ERR Protocol error: request larger than the server's bound");
-                return stream.write_all(&out);
-            }
-            buf.resize((buf.len() * 2).min(buffer_max), 0);
+    client.filled += n;
+    let (used, close, wrote) = execute_batch(
+        &client.buf[..client.filled],
+        service,
+        &mut client.session,
+        &mut client.out,
+    );
+    if used > 0 {
+        client.last_request = Instant::now();
+    }
+    client.buf.copy_within(used..client.filled, 0);
+    client.filled -= used;
+    client.wrote = wrote;
+    client.closing |= close;
+    Ok(used > 0 || close)
+}
+
+/// Tests: one ack-log line per answered batch that wrote, after the
+/// commit that covers it and before its reply.
+fn log_acks<F: Membership>(service: &mut Service<'_, F>, clients: &mut [Option<Client>], ready: &[usize]) {
+    for &slot in ready {
+        let Some(client) = clients[slot].as_mut() else { continue };
+        if !std::mem::take(&mut client.wrote) || !client.replies_pending() {
+            continue;
         }
-        let n = match stream.read(&mut buf[filled..]) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => 0,
+        if let Some(log) = service.ack_log.as_mut() {
+            let line = format!(
+                "{} {} {}\n",
+                spindle_runtime::monotonic_ns(),
+                service.leader.master_rank(),
+                service.leader.master.epoch()
+            );
+            let _ = log.write_all(line.as_bytes());
+        }
+    }
+}
+
+/// Write what the socket takes of a client's replies; what it does not
+/// waits for writability (the client's reads pause meanwhile, so its
+/// unread replies stay bounded by one round's).
+fn write_replies(client: &mut Client, epoll: &Epoll, slot: usize) -> std::io::Result<()> {
+    while client.replies_pending() {
+        match client.stream.write(&client.out[client.out_sent..]) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => client.out_sent += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
             Err(e) => return Err(e),
-        };
-        filled += n;
-        let (used, close) = if n > 0 {
-            handle_batch(&buf[..filled], service, &mut session, &mut out)
-        } else {
-            (0, false)
-        };
-        if used > 0 {
-            last_request = Instant::now();
-        } else if !idle.is_zero() && last_request.elapsed() >= idle {
-            // Idle, or a request left half-sent: free the slot.
-            return Ok(());
         }
-        buf.copy_within(used..filled, 0);
-        filled -= used;
-        if !out.is_empty() {
-            stream.write_all(&out)?;
-            out.clear();
-        }
-        if close {
-            return Ok(());
-        }
+    }
+    if !client.replies_pending() {
+        client.out.clear();
+        client.out_sent = 0;
+    }
+    let want_write = client.replies_pending();
+    if want_write != client.want_write {
+        let interest = if want_write { libc::EPOLLOUT } else { libc::EPOLLIN };
+        epoll.control(
+            libc::EPOLL_CTL_MOD,
+            client.stream.as_raw_fd(),
+            interest as u32,
+            slot as u64 + 1,
+        )?;
+        client.want_write = want_write;
     }
     Ok(())
 }
 
-/// How many times a commit yields the CPU, at most, while other clients
-/// still have batches queued for the lock (each yield lets them execute
-/// theirs, so the commit covers them): bounded, so a steady stream of
-/// batches never postpones a commit for long.
-const COMMIT_YIELDS_MAX: u32 = 64;
-
-/// Execute every complete request at the front of `buf`, then wait for a
-/// commit that covers them; returns the bytes used and whether to close
-/// the connection. No reply is left in `out` unless every write of the
-/// batch (and every write it read) is on every backup.
-fn handle_batch<F: Membership>(
-    buf: &[u8],
-    service: &Service<'_, F>,
-    session: &mut Session,
-    out: &mut Vec<u8>,
-) -> (usize, bool) {
-    // Relaxed: a hint for committers (see `commit_covering`), not a
-    // synchronization.
-    service.batches_queued.fetch_add(1, Ordering::Relaxed);
-    let mut guard = service.guarded.lock().unwrap_or_else(|p| p.into_inner());
-    service.batches_queued.fetch_sub(1, Ordering::Relaxed);
-    if guard.failure.is_some() || service.stopping() {
-        // No batch after a failure (its objects hold unreplicated
-        // writes) nor after the stop flag.
-        return (0, true);
-    }
-    let (used, close, wrote) = execute_batch(buf, &mut guard, service, session, out);
-    guard.tickets_executed += 1;
-    let ticket = guard.tickets_executed;
-    if guard.leader.master.waits_for_backups() {
-        // Let other clients' batches join this commit.
-        drop(guard);
-        guard = commit_covering(ticket, service);
-    } else {
-        commit(&mut guard, service);
-    }
-    let guarded = &mut *guard;
-    if guarded.tickets_committed < ticket {
-        // Applied but not known to be replicated (or no longer
-        // answerable): drop the replies; no batch runs after this one.
-        debug_assert!(guarded.failure.is_some(), "an uncommitted batch only after a failure");
-        out.clear();
-        return (used, true);
-    }
-    if let (true, Some(log)) = (wrote && !out.is_empty(), guarded.ack_log.as_mut()) {
-        let line = format!(
-            "{} {} {}\n",
-            spindle_runtime::monotonic_ns(),
-            guarded.leader.master_rank(),
-            guarded.leader.master.epoch()
-        );
-        let _ = log.write_all(line.as_bytes());
-    }
-    (used, close)
-}
-
-/// Execute every complete request at the front of `buf` (group commit
-/// on: the appends do not wait for the backups); returns the bytes used,
-/// whether to close the connection and whether the batch wrote.
+/// Execute every complete request at the front of `buf` (the appends do
+/// not wait for the backups: the round's commit does); returns the bytes
+/// used, whether to close the connection and whether the batch wrote.
 fn execute_batch<F: Membership>(
     buf: &[u8],
-    guarded: &mut Guarded<F>,
-    service: &Service<'_, F>,
+    service: &mut Service<'_, F>,
     session: &mut Session,
     out: &mut Vec<u8>,
 ) -> (usize, bool, bool) {
-    let leader = &mut guarded.leader;
+    let leader = &mut service.leader;
     let head_before = (leader.master.epoch(), leader.master.head());
     leader.master.set_deferred(true);
     let (mut used, mut close, mut ranges) = (0, false, Vec::new());
@@ -546,51 +615,34 @@ fn execute_batch<F: Membership>(
     (used, close, wrote)
 }
 
-/// Take the lock back once a commit covers `ticket`: commit here unless
-/// another client's commit already did (or the service failed). Before
-/// committing, yield (boundedly) while other clients have batches queued,
-/// so that this one wait for the backups covers theirs too.
-fn commit_covering<'s, 'a, F: Membership>(
-    ticket: u64,
-    service: &'s Service<'a, F>,
-) -> std::sync::MutexGuard<'s, Guarded<F>> {
-    let mut yields = 0;
-    while yields < COMMIT_YIELDS_MAX && service.batches_queued.load(Ordering::Relaxed) > 0 {
-        std::thread::yield_now();
-        yields += 1;
-    }
-    let mut guard = service.guarded.lock().unwrap_or_else(|p| p.into_inner());
-    if guard.tickets_committed < ticket && guard.failure.is_none() {
-        commit(&mut guard, service);
-    }
-    guard
-}
-
-/// One commit, under the lock: wait until every backup has everything
-/// appended so far; then housekeeping (a dropped backup rolls the epoch
-/// first); then the lease: no reply, read or write, unless this master
-/// may still answer ([`crate::failover`]). On success every ticket handed
-/// out so far is committed; on failure the service is marked failed.
-fn commit<F: Membership>(guarded: &mut Guarded<F>, service: &Service<'_, F>) {
-    debug_assert!(guarded.failure.is_none(), "no commit after a failure");
-    let covered = guarded.tickets_executed;
-    let leader = &mut guarded.leader;
-    let answerable = leader
+/// One commit: wait until every backup has everything appended so far;
+/// then housekeeping (a dropped backup rolls the epoch first); then the
+/// lease: no reply, read or write, unless this master may still answer
+/// ([`crate::failover`]). On success every batch executed so far is
+/// committed; on failure the service ends.
+fn commit<F: Membership>(leader: &mut Leader<F>) -> Result<(), String> {
+    leader
         .master
         .complete()
         .and_then(|()| leader.maintain())
-        .and_then(|()| leader.wait_answerable());
-    match answerable {
-        Ok(()) => {
-            debug_assert!(covered >= guarded.tickets_committed, "tickets commit in order");
-            guarded.tickets_committed = covered;
-        }
-        Err(e) => {
-            guarded.failure = Some(e);
-            // Release: pairs with the Acquire load in `Service::stopping`.
-            service.failed.store(true, Ordering::Release);
-        }
-    }
+        .and_then(|()| leader.wait_answerable())
+}
+
+/// The `INFO` reply (the fields `spindle kv serve` reports).
+/// It says the server is Spindle, which Redis version its replies follow
+/// (`redis_version`, which some clients read) and which Redis commands
+/// it implements (`redis_commands`); everything else is an unknown
+/// command.
+fn info_text(store_mode: &str, epoch: u64, backups: usize, head: u64, objects: &ObjectMap, extra: &str) -> String {
+    format!(
+        "# Server\r\nserver_name:spindle\r\nspindle_version:{}\r\nredis_version:{REDIS_COMPAT_VERSION}\r\nredis_compatibility:a subset of Redis {REDIS_COMPAT_VERSION}: strings only, one database, no persistence commands, no pub/sub, no transactions\r\nredis_commands:{}\r\nredis_mode:standalone\r\n# Replication\r\nrole:master\r\nreplication_mode:{store_mode}\r\nepoch:{epoch}\r\nconnected_slaves:{backups}\r\nlog_head:{head}\r\n{extra}# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
+        env!("CARGO_PKG_VERSION"),
+        command_list(),
+        objects.bytes(),
+        objects.bytes_max(),
+        objects.len(),
+        objects.expiring()
+    )
 }
 
 #[cfg(test)]
@@ -652,13 +704,14 @@ mod tests {
         reply
     }
 
-    /// The stop flag ends `serve` in this process (it used to exit it):
-    /// an idle client is closed, the epoch ends with the backup's log
-    /// sealed (the backup then returns by itself) and the leader comes back.
-    #[test]
-    fn a_stop_flag_returns_the_leader_and_closes_idle_clients() {
+    /// Run `serve` with a leader of a 2-member group (one backup thread)
+    /// on a loopback listener, hand its address to `body`, then stop it
+    /// and check the clean stop: the backup's log sealed (the backup
+    /// returns by itself) and the leader handed back with `objects`
+    /// objects. `body` gets the address and the stop flag.
+    fn with_server(clients_max: usize, objects: usize, body: impl FnOnce(std::net::SocketAddr, &AtomicBool)) {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let group = format!("rserve-{}", std::process::id());
+        let group = format!("rserve-{}-{clients_max}", std::process::id());
         let backup_stop = Arc::new(AtomicBool::new(false));
         let backup = {
             let (config, stop) = (node_config(&group, dir.path()), backup_stop.clone());
@@ -678,7 +731,7 @@ mod tests {
         std::thread::scope(|s| {
             let server = s.spawn(|| {
                 let options = ServeOptions {
-                    clients_max: 4,
+                    clients_max,
                     idle_timeout: Duration::ZERO,
                     value_bytes_max: 2048,
                     info_extra: String::new(),
@@ -686,20 +739,11 @@ mod tests {
                 };
                 serve(&listener, leader, options)
             });
-            let mut client = TcpStream::connect(addr).unwrap();
-            assert_eq!(
-                request(&mut client, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"),
-                b"+OK\r\n"
-            );
-            assert_eq!(request(&mut client, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), b"$1\r\n");
+            body(addr, &stop);
             // Release: pairs with the Acquire load in `Service::stopping`.
             stop.store(true, Ordering::Release);
             let leader = server.join().unwrap().expect("a clean stop");
-            assert_eq!(leader.objects.len(), 1);
-            // The rest of the GET reply ("v\r\n") then the close.
-            let mut rest = Vec::new();
-            client.read_to_end(&mut rest).unwrap();
-            assert_eq!(rest, b"v\r\n");
+            assert_eq!(leader.objects.len(), objects);
             // Sealed: the backup returns without being stopped, never leading.
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
             while !backup.is_finished() && std::time::Instant::now() < deadline {
@@ -714,5 +758,74 @@ mod tests {
             drop((leader, node));
         });
         let _ = std::fs::remove_file(spindle_fabric::shm::group_file_path(Path::new("/dev/shm"), &group));
+    }
+
+    /// The stop flag ends `serve` in this process (it used to exit it):
+    /// a connected client is closed, the epoch ends with the backup's log
+    /// sealed and the leader comes back.
+    #[test]
+    fn a_stop_flag_returns_the_leader_and_closes_idle_clients() {
+        let mut client = None;
+        with_server(4, 1, |addr, stop| {
+            let mut c = TcpStream::connect(addr).unwrap();
+            assert_eq!(
+                request(&mut c, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"),
+                b"+OK\r\n"
+            );
+            assert_eq!(request(&mut c, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), b"$1\r\n");
+            let _ = stop; // set by with_server once this returns
+            client = Some(c);
+        });
+        // The rest of the GET reply ("v\r\n") then the close.
+        let mut rest = Vec::new();
+        client.unwrap().read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, b"v\r\n");
+    }
+
+    /// One loop serves every client: a client whose replies the socket
+    /// cannot take (it pipelined 16,000 GETs of a 2 KB value, 32 MB of
+    /// replies, and reads nothing yet) waits for writability while
+    /// another client is answered; then it gets every reply, in order.
+    /// A client over `clients_max` is refused with an error.
+    #[test]
+    fn a_client_that_does_not_read_blocks_no_other() {
+        with_server(2, 2, |addr, _| {
+            let value = vec![b'x'; 2048];
+            let mut set = format!("*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n${}\r\n", value.len()).into_bytes();
+            set.extend_from_slice(&value);
+            set.extend_from_slice(b"\r\n");
+            let mut slow = TcpStream::connect(addr).unwrap();
+            assert_eq!(request(&mut slow, &set), b"+OK\r\n");
+            const GETS: usize = 16_000;
+            let gets = b"*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n".repeat(GETS);
+            let writer = {
+                let mut w = slow.try_clone().unwrap();
+                std::thread::spawn(move || w.write_all(&gets))
+            };
+            // Served while `slow` reads nothing.
+            let mut other = TcpStream::connect(addr).unwrap();
+            other.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            assert_eq!(
+                request(&mut other, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"),
+                b"+OK\r\n"
+            );
+            assert_eq!(request(&mut other, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), b"$1\r\n");
+            // A third client: over the limit.
+            let mut third = TcpStream::connect(addr).unwrap();
+            let mut refused = String::new();
+            third.read_to_string(&mut refused).unwrap();
+            assert_eq!(refused, "-ERR max number of clients reached\r\n");
+            // Now every reply of `slow`, in order.
+            let mut reply = format!("${}\r\n", value.len()).into_bytes();
+            reply.extend_from_slice(&value);
+            reply.extend_from_slice(b"\r\n");
+            let mut got = vec![0u8; reply.len() * GETS];
+            slow.read_exact(&mut got).unwrap();
+            writer.join().unwrap().unwrap();
+            assert!(
+                got.chunks(reply.len()).all(|r| r == reply.as_slice()),
+                "a reply out of order or torn"
+            );
+        });
     }
 }
