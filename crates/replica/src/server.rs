@@ -12,8 +12,9 @@
 //! backups, housekeeping, the lease), so a round's batches, from every
 //! client, share it: group commit across clients with no lock and no
 //! thread to wake; then every ready client's replies are written. No
-//! reply is written before the commit that covers its batch has
-//! returned, so no client — this one or another — is answered from a
+//! reply to a request that ran is written before the commit that covers
+//! its batch has returned (the refusals that run nothing — too many
+//! clients, a request over the bound — go out at once), so no client — this one or another — is answered from a
 //! write that not every backup has (a read may see such a write, but its
 //! reply waits for the same commit). A reply the socket does not take at
 //! once waits for writability, and that client is not read meanwhile.
@@ -53,8 +54,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(5);
 #[derive(Clone, Debug)]
 pub struct ServeOptions<'a> {
     pub clients_max: usize,
-    /// Close a client that sends no complete request for this long (it
-    /// is closed after between one and two of these); zero: never.
+    /// Close a client that sends no complete request and takes none of
+    /// its replies for this long (it is closed within 5 ms and one round
+    /// after); zero: never.
     pub idle_timeout: Duration,
     pub value_bytes_max: usize,
     /// Extra `INFO` lines (role, recovery …).
@@ -73,7 +75,8 @@ pub enum ServeError {
     /// takes over from its log).
     #[error("replication failed, the master stopped serving: {0}")]
     Replication(String),
-    /// The listener could not be made non-blocking.
+    /// The listener could not be made non-blocking, or `epoll` could not
+    /// be set up or waited on.
     #[error("listener: {0}")]
     Listener(std::io::Error),
     /// Ending the epoch (sealing the backups' logs) failed.
@@ -346,6 +349,8 @@ pub fn serve<F: Membership>(
     let mut ready: Vec<usize> = Vec::with_capacity(EVENTS_PER_ROUND_MAX);
     let mut next_id = 1u64;
     let mut idle_checked = Instant::now();
+    // Set while the listener's readiness is paused (out of descriptors).
+    let mut listener_paused_at: Option<Instant> = None;
     let served = loop {
         if service.stopping() {
             break Ok(());
@@ -388,8 +393,23 @@ pub fn serve<F: Membership>(
                 clients[slot] = None;
             }
         }
-        if accept_now {
-            accept_clients(listener, &epoll, &mut clients, options.clients_max, &mut next_id);
+        if accept_now && accept_clients(listener, &epoll, &mut clients, options.clients_max, &mut next_id) {
+            // Out of descriptors: stop polling the listener for a while.
+            if epoll
+                .control(libc::EPOLL_CTL_MOD, listener.as_raw_fd(), 0, LISTENER_TOKEN)
+                .is_ok()
+            {
+                listener_paused_at = Some(Instant::now());
+            }
+        }
+        if listener_paused_at.is_some_and(|at| at.elapsed() >= POLL_INTERVAL) {
+            let interest = libc::EPOLLIN as u32;
+            if epoll
+                .control(libc::EPOLL_CTL_MOD, listener.as_raw_fd(), interest, LISTENER_TOKEN)
+                .is_ok()
+            {
+                listener_paused_at = None;
+            }
         }
         if !options.idle_timeout.is_zero() && idle_checked.elapsed() >= POLL_INTERVAL {
             idle_checked = Instant::now();
@@ -420,19 +440,30 @@ pub fn serve<F: Membership>(
 }
 
 /// Accept the connections waiting (bounded per round); one over
-/// `clients_max` is answered with an error and closed.
+/// `clients_max` is answered with an error and closed. Returns whether
+/// accepting failed for want of descriptors or memory (the connection
+/// stays queued: the caller pauses the listener's readiness, which would
+/// otherwise wake every round at once).
 fn accept_clients(
     listener: &TcpListener,
     epoll: &Epoll,
     clients: &mut Vec<Option<Client>>,
     clients_max: usize,
     next_id: &mut u64,
-) {
+) -> bool {
     for _ in 0..ACCEPTS_PER_ROUND_MAX {
-        // WouldBlock: none left; any other error: a connection aborted
-        // before it was accepted, or out of descriptors (retried at the
-        // listener's next readiness).
-        let Ok((mut stream, _)) = listener.accept() else { return };
+        let mut stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // WouldBlock: none left; ECONNABORTED and the like: that
+                // connection is gone, and the next round looks again.
+                let starved = matches!(
+                    e.raw_os_error(),
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                );
+                return starved;
+            }
+        };
         if clients.iter().flatten().count() >= clients_max {
             let _ = stream.write_all(b"-ERR max number of clients reached\r\n");
             continue;
@@ -468,6 +499,7 @@ fn accept_clients(
         });
         *next_id += 1;
     }
+    false
 }
 
 /// One read from a ready client, then every complete request in its
@@ -475,14 +507,8 @@ fn accept_clients(
 /// `Err(())`: the client is gone (closed, reset) and is dropped.
 fn read_and_execute<F: Membership>(client: &mut Client, service: &mut Service<'_, F>) -> Result<bool, ()> {
     if client.filled == client.buf.len() {
-        if client.buf.len() >= service.buffer_bytes_max {
-            reply::error(
-                &mut client.out,
-                "ERR Protocol error: request larger than the server's bound",
-            );
-            client.closing = true;
-            return Ok(false);
-        }
+        // Below the bound (a full buffer at it was answered when it
+        // filled, below).
         let grown = (client.buf.len() * 2).min(service.buffer_bytes_max);
         client.buf.resize(grown, 0);
     }
@@ -506,6 +532,15 @@ fn read_and_execute<F: Membership>(client: &mut Client, service: &mut Service<'_
     client.filled -= used;
     client.wrote = wrote;
     client.closing |= close;
+    if !client.closing && client.filled == client.buf.len() && client.buf.len() >= service.buffer_bytes_max {
+        // Full at the bound with no complete request: answer now, not
+        // at a next read that may never come.
+        reply::error(
+            &mut client.out,
+            "ERR Protocol error: request larger than the server's bound",
+        );
+        client.closing = true;
+    }
     Ok(used > 0 || close)
 }
 
@@ -536,7 +571,11 @@ fn write_replies(client: &mut Client, epoll: &Epoll, slot: usize) -> std::io::Re
     while client.replies_pending() {
         match client.stream.write(&client.out[client.out_sent..]) {
             Ok(0) => return Err(ErrorKind::WriteZero.into()),
-            Ok(n) => client.out_sent += n,
+            Ok(n) => {
+                client.out_sent += n;
+                // A client taking its replies is not idle (as in Redis).
+                client.last_request = Instant::now();
+            }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if e.kind() == ErrorKind::WouldBlock => break,
             Err(e) => return Err(e),
@@ -709,9 +748,14 @@ mod tests {
     /// and check the clean stop: the backup's log sealed (the backup
     /// returns by itself) and the leader handed back with `objects`
     /// objects. `body` gets the address and the stop flag.
-    fn with_server(clients_max: usize, objects: usize, body: impl FnOnce(std::net::SocketAddr, &AtomicBool)) {
+    fn with_server(clients_max: usize, objects: usize, body: impl FnOnce(std::net::SocketAddr)) {
+        static GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-        let group = format!("rserve-{}-{clients_max}", std::process::id());
+        let group = format!(
+            "rserve-{}-{}",
+            std::process::id(),
+            GROUPS.fetch_add(1, Ordering::Relaxed)
+        );
         let backup_stop = Arc::new(AtomicBool::new(false));
         let backup = {
             let (config, stop) = (node_config(&group, dir.path()), backup_stop.clone());
@@ -739,10 +783,17 @@ mod tests {
                 };
                 serve(&listener, leader, options)
             });
-            body(addr, &stop);
+            // A failing body still stops the server (else the scope
+            // would wait for it for ever); its panic is raised after.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(addr)));
             // Release: pairs with the Acquire load in `Service::stopping`.
             stop.store(true, Ordering::Release);
-            let leader = server.join().unwrap().expect("a clean stop");
+            let served = server.join().unwrap();
+            if let Err(panic) = outcome {
+                backup_stop.store(true, Ordering::Release);
+                std::panic::resume_unwind(panic);
+            }
+            let leader = served.expect("a clean stop");
             assert_eq!(leader.objects.len(), objects);
             // Sealed: the backup returns without being stopped, never leading.
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -766,14 +817,14 @@ mod tests {
     #[test]
     fn a_stop_flag_returns_the_leader_and_closes_idle_clients() {
         let mut client = None;
-        with_server(4, 1, |addr, stop| {
+        with_server(4, 1, |addr| {
             let mut c = TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
             assert_eq!(
                 request(&mut c, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"),
                 b"+OK\r\n"
             );
             assert_eq!(request(&mut c, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), b"$1\r\n");
-            let _ = stop; // set by with_server once this returns
             client = Some(c);
         });
         // The rest of the GET reply ("v\r\n") then the close.
@@ -789,12 +840,13 @@ mod tests {
     /// A client over `clients_max` is refused with an error.
     #[test]
     fn a_client_that_does_not_read_blocks_no_other() {
-        with_server(2, 2, |addr, _| {
+        with_server(2, 2, |addr| {
             let value = vec![b'x'; 2048];
             let mut set = format!("*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n${}\r\n", value.len()).into_bytes();
             set.extend_from_slice(&value);
             set.extend_from_slice(b"\r\n");
             let mut slow = TcpStream::connect(addr).unwrap();
+            slow.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
             assert_eq!(request(&mut slow, &set), b"+OK\r\n");
             const GETS: usize = 16_000;
             let gets = b"*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n".repeat(GETS);
@@ -812,6 +864,7 @@ mod tests {
             assert_eq!(request(&mut other, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), b"$1\r\n");
             // A third client: over the limit.
             let mut third = TcpStream::connect(addr).unwrap();
+            third.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
             let mut refused = String::new();
             third.read_to_string(&mut refused).unwrap();
             assert_eq!(refused, "-ERR max number of clients reached\r\n");
