@@ -22,7 +22,7 @@
 //! value_bytes_max = 1_048_576
 //! memory_bytes_max = 268_435_456
 //! clients_max = 1024       # one more client is told "max number of clients reached"
-//! idle_timeout_s = 300      # close a client with no complete request for this long; 0: never
+//! idle_timeout_s = 300      # close a client with no request or reply for this long; 0: never
 //! lease_ms = 400            # the master answers only while a majority renewed its lease within
 //!                           # this; tcp: a new master after lease × 5/3 without heartbeats
 //! ```
