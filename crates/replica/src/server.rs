@@ -811,6 +811,19 @@ mod tests {
         let _ = std::fs::remove_file(spindle_fabric::shm::group_file_path(Path::new("/dev/shm"), &group));
     }
 
+    /// Connect, `SET k v`, then `GET k`, reading the GET's first reply
+    /// line only (`$1`; "v\r\n" stays unread).
+    fn connect_set_get(addr: std::net::SocketAddr) -> TcpStream {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        assert_eq!(
+            request(&mut c, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"),
+            b"+OK\r\n"
+        );
+        assert_eq!(request(&mut c, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), b"$1\r\n");
+        c
+    }
+
     /// The stop flag ends `serve` in this process (it used to exit it):
     /// a connected client is closed, the epoch ends with the backup's log
     /// sealed and the leader comes back.
@@ -818,14 +831,7 @@ mod tests {
     fn a_stop_flag_returns_the_leader_and_closes_idle_clients() {
         let mut client = None;
         with_server(4, 1, |addr| {
-            let mut c = TcpStream::connect(addr).unwrap();
-            c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-            assert_eq!(
-                request(&mut c, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"),
-                b"+OK\r\n"
-            );
-            assert_eq!(request(&mut c, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), b"$1\r\n");
-            client = Some(c);
+            client = Some(connect_set_get(addr));
         });
         // The rest of the GET reply ("v\r\n") then the close.
         let mut rest = Vec::new();
@@ -855,14 +861,8 @@ mod tests {
                 std::thread::spawn(move || w.write_all(&gets))
             };
             // Served while `slow` reads nothing.
-            let mut other = TcpStream::connect(addr).unwrap();
-            other.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-            assert_eq!(
-                request(&mut other, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"),
-                b"+OK\r\n"
-            );
-            assert_eq!(request(&mut other, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), b"$1\r\n");
-            // A third client: over the limit.
+            let _other = connect_set_get(addr); // held: it counts against clients_max
+                                                // A third client: over the limit.
             let mut third = TcpStream::connect(addr).unwrap();
             third.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
             let mut refused = String::new();
