@@ -33,7 +33,8 @@
 //!   acknowledged at once, so the window minimum is `RTT_1` without
 //!   queueing; queueing only raises the other samples.
 //! - `C`: the delivery rate (acknowledged bytes over the time between ack
-//!   arrivals, over at least one control period and two RTTs), a sliding
+//!   arrivals, over at least [`NapaConfig::rate_interval_ns_min`] and two
+//!   RTTs), a sliding
 //!   maximum over the same window. That rate is the bottleneck's (link or
 //!   slowest reader) when the writer offers at least `C`; a sample taken
 //!   while NAPA itself paced slower than `C` only says the writer was slow,
@@ -135,6 +136,14 @@ pub struct NapaConfig {
     /// RTT and capacity are estimated over a sliding window this long
     /// (default 1 s).
     pub rtt_window_ns: u64,
+    /// A delivery-rate sample (the capacity estimate's input) spans at
+    /// least this long, and at least two RTTs (default 8 ms, eight control
+    /// periods). Shorter samples see a reader that drains a backlog at
+    /// memory speed after it was descheduled, a rate no writer can keep
+    /// up: the maximum filter would then hold C several times too high,
+    /// `t_m` too short, and the gap (capped at `2·t_m`) could never pace
+    /// the writer below the bottleneck's rate (bench/RESULTS-dds.md).
+    pub rate_interval_ns_min: u64,
     /// The writer's hard window; W is clamped to it (default 256).
     pub window_slots_max: u32,
     /// The gap's upper clamp (default 100 ms).
@@ -152,6 +161,7 @@ impl Default for NapaConfig {
             gain_decay_ns: 30_000_000_000,
             link_capacity_bytes_per_s: 125_000_000, // 1 Gb/s, the seed's LAN
             rtt_window_ns: 1_000_000_000,
+            rate_interval_ns_min: 8_000_000,
             window_slots_max: 256,
             gap_ns_max: 100_000_000,
         }
@@ -197,6 +207,15 @@ pub enum NapaConfigError {
         /// The configured control period.
         control_period_ns: u64,
     },
+    /// `rate_interval_ns_min` is 0 or longer than the RTT/capacity
+    /// window (no rate sample would ever fit in the window).
+    #[error("napa: rate_interval_ns_min ({rate_interval_ns_min}) must be in 1..=rtt_window_ns ({rtt_window_ns})")]
+    RateInterval {
+        /// The configured minimum rate-sample span.
+        rate_interval_ns_min: u64,
+        /// The configured window.
+        rtt_window_ns: u64,
+    },
     /// `gap_ns_max` is 0.
     #[error("napa: gap_ns_max must be at least 1")]
     GapMaxZero,
@@ -235,6 +254,12 @@ impl NapaConfig {
             return Err(NapaConfigError::RttWindowTooShort {
                 rtt_window_ns: self.rtt_window_ns,
                 control_period_ns: self.control_period_ns,
+            });
+        }
+        if self.rate_interval_ns_min == 0 || self.rate_interval_ns_min > self.rtt_window_ns {
+            return Err(NapaConfigError::RateInterval {
+                rate_interval_ns_min: self.rate_interval_ns_min,
+                rtt_window_ns: self.rtt_window_ns,
             });
         }
         if self.gap_ns_max == 0 {
@@ -471,8 +496,9 @@ impl Napa {
         self.measure_rate(newly, now_ns);
     }
 
-    /// The delivery rate between ack arrivals, over at least one control
-    /// period and two RTTs, fed to the capacity filter.
+    /// The delivery rate between ack arrivals, over at least
+    /// [`NapaConfig::rate_interval_ns_min`] and two RTTs, fed to the
+    /// capacity filter.
     fn measure_rate(&mut self, newly_acked: u64, now_ns: u64) {
         let Some(mark_ns) = self.rate_mark_ns else {
             self.rate_mark_ns = Some(now_ns);
@@ -485,7 +511,7 @@ impl Napa {
             .rate_bytes
             .saturating_add(newly_acked.saturating_mul(self.sample_bytes as u64));
         let elapsed_ns = now_ns.saturating_sub(mark_ns);
-        let interval_ns = self.cfg.control_period_ns.max(self.rtt_ns.saturating_mul(2));
+        let interval_ns = self.cfg.rate_interval_ns_min.max(self.rtt_ns.saturating_mul(2));
         if elapsed_ns < interval_ns || elapsed_ns == 0 {
             return;
         }
@@ -665,7 +691,7 @@ mod tests {
 
     #[test]
     fn every_bad_field_is_refused_by_name() {
-        let bad: [(NapaConfig, &str); 10] = [
+        let bad: [(NapaConfig, &str); 12] = [
             (NapaConfig { ack_every: 0, ..cfg() }, "ack_every"),
             (
                 NapaConfig {
@@ -710,11 +736,25 @@ mod tests {
                 },
                 "rtt_window_ns",
             ),
+            (
+                NapaConfig {
+                    rate_interval_ns_min: 0,
+                    ..cfg()
+                },
+                "rate_interval_ns_min",
+            ),
+            (
+                NapaConfig {
+                    rate_interval_ns_min: 2_000_000_000,
+                    ..cfg()
+                },
+                "rate_interval_ns_min",
+            ),
             (NapaConfig { gap_ns_max: 0, ..cfg() }, "gap_ns_max"),
             (cfg(), "sample_bytes"),
         ];
-        for (i, (config, field)) in bad.into_iter().enumerate() {
-            let bytes = if i == 9 { 0 } else { 1000 };
+        for (config, field) in bad {
+            let bytes = if field == "sample_bytes" { 0 } else { 1000 };
             let error = Napa::new(config, bytes).unwrap_err();
             assert!(error.to_string().contains(field), "{error} names {field}");
         }
@@ -731,13 +771,18 @@ mod tests {
         napa.on_acked(1, 1_000_000);
         assert_eq!(napa.rtt_ns(), 1_000_000);
         assert_eq!(napa.high_threshold(), 11);
-        // A later, queued sample does not raise the window minimum (its
-        // ack also gives the first delivery rate, 100 kB over 6 ms).
+        // A later, queued sample does not raise the window minimum; its
+        // ack comes 4 ms after the first, too soon for a delivery-rate
+        // sample (rate_interval_ns_min, 8 ms): C stays as configured.
         napa.on_sent(2, 2_000_000);
-        napa.on_acked(2, 7_000_000);
+        napa.on_acked(2, 5_000_000);
         assert_eq!(napa.rtt_ns(), 1_000_000);
-        assert_eq!(napa.capacity_bytes_per_s(), 16_666_666);
-        assert_eq!(napa.sample_time_ns(), 6_000_001);
+        assert_eq!(napa.capacity_bytes_per_s(), 125_000_000);
+        // 10 ms after the first ack, 200 kB: the first delivery rate.
+        napa.on_sent(3, 6_000_000);
+        napa.on_acked(3, 11_000_000);
+        assert_eq!(napa.capacity_bytes_per_s(), 20_000_000);
+        assert_eq!(napa.sample_time_ns(), 5_000_000);
         assert_eq!(napa.high_threshold(), 1 + 10 - 1);
         // Clamp to the hard window.
         let mut small = Napa::new(
@@ -751,6 +796,64 @@ mod tests {
         small.on_sent(1, 0);
         small.on_acked(1, 1_000_000);
         assert_eq!(small.high_threshold(), 8);
+    }
+
+    /// A path that sustains 40 k samples/s of 100 kB (25 µs each) but
+    /// acknowledges in bursts, as a 2-core host where the writer and the
+    /// reader hold a core each only part of the time: 200 samples in 2 ms
+    /// (2.5 times the sustained rate), then nothing for 3 ms. Rate samples of one
+    /// control period see the burst; NAPA's cap on the gap (2·t_m) then
+    /// stays below the path's real time per sample and it can never pace
+    /// the writer slower than the path drains. The default 8 ms samples
+    /// span whole cycles.
+    #[test]
+    fn bursty_acks_do_not_inflate_the_capacity() {
+        const SAMPLE_BYTES: u64 = 100_000;
+        const SUSTAINED_NS_PER_SAMPLE: u64 = 25_000;
+        let run = |rate_interval_ns_min: u64| {
+            let mut napa = Napa::new(
+                NapaConfig {
+                    window_slots_max: 64,
+                    rate_interval_ns_min,
+                    ..cfg()
+                },
+                SAMPLE_BYTES as u32,
+            )
+            .unwrap();
+            let mut seq = 0u64;
+            for cycle in 0..200u64 {
+                let burst_ns = cycle * 5_000_000 + 3_000_000;
+                // 20 acks of 10 samples each, 100 µs apart; each sample was
+                // sent 60 µs before its ack (the RTT).
+                for ack in 0..20u64 {
+                    let now = burst_ns + ack * 100_000;
+                    for _ in 0..10 {
+                        seq += 1;
+                        napa.on_sent(seq, now - 60_000);
+                    }
+                    napa.on_acked(seq, now);
+                }
+            }
+            napa
+        };
+        let sustained = SAMPLE_BYTES * 1_000_000_000 / SUSTAINED_NS_PER_SAMPLE;
+        let short = run(1_000_000);
+        assert!(
+            short.capacity_bytes_per_s() >= 2 * sustained,
+            "1 ms samples see the burst: C {} against {sustained}",
+            short.capacity_bytes_per_s()
+        );
+        assert!(GAP_OVER_SAMPLE_TIME_MAX * short.sample_time_ns() < SUSTAINED_NS_PER_SAMPLE);
+        let long = run(NapaConfig::default().rate_interval_ns_min);
+        let capacity = long.capacity_bytes_per_s();
+        assert!(
+            capacity * 2 <= 3 * sustained && capacity * 10 >= 9 * sustained,
+            "8 ms samples span whole cycles: C {capacity} against {sustained}"
+        );
+        assert!(
+            GAP_OVER_SAMPLE_TIME_MAX * long.sample_time_ns() >= SUSTAINED_NS_PER_SAMPLE,
+            "the gap can pace below the path's rate"
+        );
     }
 
     #[test]

@@ -148,6 +148,7 @@ impl Scenario {
     pub fn napa_config(&self) -> NapaConfig {
         let period_ns = (2 * self.ack_every as u64 * self.sample_time_ns()).max(100_000);
         let duration_ns = self.duration_estimate_ns();
+        let rtt_window_ns = (duration_ns / 8).min(1_000_000_000).max(4 * period_ns);
         NapaConfig {
             ack_every: self.ack_every,
             low_threshold: 1,
@@ -156,7 +157,13 @@ impl Scenario {
             gain_end: 0.2,
             gain_decay_ns: (duration_ns / 3).max(period_ns),
             link_capacity_bytes_per_s: self.link_bytes_per_s,
-            rtt_window_ns: (duration_ns / 8).min(1_000_000_000).max(4 * period_ns),
+            rtt_window_ns,
+            // One control period: the model's link and readers serve at a
+            // steady rate, so a short delivery-rate sample is not inflated
+            // (and these runs' windows hold only ~20 periods). The running
+            // system's 8 ms is for a host whose threads are descheduled
+            // (`napa::tests::bursty_acks_do_not_inflate_the_capacity`).
+            rate_interval_ns_min: period_ns,
             window_slots_max: self.window_slots_max,
             gap_ns_max: 100_000_000,
         }
