@@ -187,6 +187,7 @@ impl ParticipantBuilder {
             suspect_timeout: self.suspect_timeout,
             ack_every: self.ack_every,
             window_slots: config.window_slots,
+            pace_gap_min_ns: pace_gap_min_ns(&self.transport),
             participants: self.participants,
             next_local_id: AtomicU64::new(1),
             registry: Mutex::new(Registry::default()),
@@ -228,6 +229,9 @@ pub(crate) struct ParticipantShared {
     pub(crate) suspect_timeout: Duration,
     pub(crate) ack_every: u32,
     pub(crate) window_slots: usize,
+    /// NAPA gaps shorter than this are not enforced on this transport
+    /// (see [`pace_gap_min_ns`]).
+    pub(crate) pace_gap_min_ns: u64,
     /// The domain's ranks (every one may send).
     pub(crate) participants: usize,
     next_local_id: AtomicU64,
@@ -238,6 +242,21 @@ pub(crate) struct ParticipantShared {
     failure: Mutex<Option<String>>,
     sender: Mutex<Option<Sender>>,
     view: Mutex<View>,
+}
+
+/// NAPA gaps shorter than a paced wait costs cannot be spent: the writer
+/// would pay the wait and then be late. On a 2-core host a wait of
+/// 15-30 µs that yields to the progress threads returns 40-46 µs late on
+/// tcp but 85-105 µs late on shared memory, where those threads spin and
+/// hold the core; pacing 100 kB samples at 12-17 µs there ran at 0.16-0.20×
+/// the unpaced throughput (bench/RESULTS-dds.md). Over tcp pacing pays
+/// even below its wait's cost, because the path itself is the slower part:
+/// its floor stays at 10 µs, a wake-up's order.
+fn pace_gap_min_ns(transport: &Transport) -> u64 {
+    match transport {
+        Transport::Shm => 100_000,
+        Transport::Tcp(_) | Transport::Ofi(_) => 10_000,
+    }
 }
 
 #[derive(Default)]

@@ -17,8 +17,6 @@ use super::participant::ParticipantShared;
 use super::DdsError;
 use crate::Sender;
 
-/// NAPA gaps shorter than this are not enforced.
-const PACE_GAP_MIN_NS: u64 = 10_000;
 /// The last part of a wait shorter than this is spent yielding (precise,
 /// and the progress threads run meanwhile); the rest is slept.
 const PACE_SPIN_NS: u64 = 200_000;
@@ -177,10 +175,11 @@ impl WriterShared {
             // PACE_CREDIT_SAMPLES of credit (a burst of K, the ack group,
             // queued each of its samples behind the others).
             let gap_ns = match napa.gap_ns() {
-                // A gap shorter than a wake-up cannot be spent precisely
-                // on a shared core: not paced (small samples go at the
-                // window's pace, where batching is what helps).
-                gap if gap < PACE_GAP_MIN_NS => 0,
+                // A gap shorter than a paced wait costs on this transport
+                // (participant::pace_gap_min_ns) cannot be spent: not paced
+                // (small samples go at the window's pace, where batching is
+                // what helps).
+                gap if gap < self.participant.pace_gap_min_ns => 0,
                 gap => gap,
             };
             let earliest_ns = now.saturating_sub(gap_ns.saturating_mul(PACE_CREDIT_SAMPLES));
