@@ -34,8 +34,7 @@
 //!   queueing; queueing only raises the other samples.
 //! - `C`: the delivery rate (acknowledged bytes over the time between ack
 //!   arrivals, over at least [`NapaConfig::rate_interval_ns_min`] and two
-//!   RTTs), a sliding
-//!   maximum over the same window. That rate is the bottleneck's (link or
+//!   RTTs), a sliding maximum over the same window. That rate is the bottleneck's (link or
 //!   slowest reader) when the writer offers at least `C`; a sample taken
 //!   while NAPA itself paced slower than `C` only says the writer was slow,
 //!   so it is used only when it raises the estimate (as BBR treats
@@ -207,10 +206,10 @@ pub enum NapaConfigError {
         /// The configured control period.
         control_period_ns: u64,
     },
-    /// `rate_interval_ns_min` is 0 or longer than the RTT/capacity
-    /// window (no rate sample would ever fit in the window).
+    /// `rate_interval_ns_min` is 0, or longer than the RTT/capacity window
+    /// (the capacity filter would then never hold more than one sample).
     #[error("napa: rate_interval_ns_min ({rate_interval_ns_min}) must be in 1..=rtt_window_ns ({rtt_window_ns})")]
-    RateInterval {
+    RateIntervalOutOfRange {
         /// The configured minimum rate-sample span.
         rate_interval_ns_min: u64,
         /// The configured window.
@@ -257,7 +256,7 @@ impl NapaConfig {
             });
         }
         if self.rate_interval_ns_min == 0 || self.rate_interval_ns_min > self.rtt_window_ns {
-            return Err(NapaConfigError::RateInterval {
+            return Err(NapaConfigError::RateIntervalOutOfRange {
                 rate_interval_ns_min: self.rate_interval_ns_min,
                 rtt_window_ns: self.rtt_window_ns,
             });
@@ -512,6 +511,10 @@ impl Napa {
             .saturating_add(newly_acked.saturating_mul(self.sample_bytes as u64));
         let elapsed_ns = now_ns.saturating_sub(mark_ns);
         let interval_ns = self.cfg.rate_interval_ns_min.max(self.rtt_ns.saturating_mul(2));
+        debug_assert!(
+            interval_ns >= 1,
+            "a rate sample spans time (validate: rate_interval_ns_min >= 1)"
+        );
         if elapsed_ns < interval_ns || elapsed_ns == 0 {
             return;
         }
@@ -800,12 +803,12 @@ mod tests {
 
     /// A path that sustains 40 k samples/s of 100 kB (25 µs each) but
     /// acknowledges in bursts, as a 2-core host where the writer and the
-    /// reader hold a core each only part of the time: 200 samples in 2 ms
-    /// (2.5 times the sustained rate), then nothing for 3 ms. Rate samples of one
-    /// control period see the burst; NAPA's cap on the gap (2·t_m) then
-    /// stays below the path's real time per sample and it can never pace
-    /// the writer slower than the path drains. The default 8 ms samples
-    /// span whole cycles.
+    /// reader hold a core each only part of the time: 200 samples in about
+    /// 2 ms (2.5 times the sustained rate), then nothing for about 3 ms.
+    /// Rate samples of one control period see the burst; NAPA's cap on
+    /// the gap (2·t_m) then stays below the path's real time per sample,
+    /// so the gap could never pace the writer slower than the path drains.
+    /// The default 8 ms samples span whole cycles.
     #[test]
     fn bursty_acks_do_not_inflate_the_capacity() {
         const SAMPLE_BYTES: u64 = 100_000;

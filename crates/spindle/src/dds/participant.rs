@@ -187,7 +187,7 @@ impl ParticipantBuilder {
             suspect_timeout: self.suspect_timeout,
             ack_every: self.ack_every,
             window_slots: config.window_slots,
-            pace_gap_min_ns: pace_gap_min_ns(&self.transport),
+            pace_gap_ns_min: pace_gap_ns_min(&self.transport),
             participants: self.participants,
             next_local_id: AtomicU64::new(1),
             registry: Mutex::new(Registry::default()),
@@ -230,8 +230,8 @@ pub(crate) struct ParticipantShared {
     pub(crate) ack_every: u32,
     pub(crate) window_slots: usize,
     /// NAPA gaps shorter than this are not enforced on this transport
-    /// (see [`pace_gap_min_ns`]).
-    pub(crate) pace_gap_min_ns: u64,
+    /// (see [`pace_gap_ns_min`]).
+    pub(crate) pace_gap_ns_min: u64,
     /// The domain's ranks (every one may send).
     pub(crate) participants: usize,
     next_local_id: AtomicU64,
@@ -246,13 +246,13 @@ pub(crate) struct ParticipantShared {
 
 /// NAPA gaps shorter than a paced wait costs cannot be spent: the writer
 /// would pay the wait and then be late. On a 2-core host a wait of
-/// 15-30 µs that yields to the progress threads returns 40-46 µs late on
-/// tcp but 85-105 µs late on shared memory, where those threads spin and
-/// hold the core; pacing 100 kB samples at 12-17 µs there ran at 0.16-0.20×
-/// the unpaced throughput (bench/RESULTS-dds.md). Over tcp pacing pays
+/// 15-30 µs that yields to the progress threads returned 39-46 µs late on
+/// tcp but 84-105 µs late on shared memory, where those threads spin and
+/// hold the core; pacing 100 and 200 kB samples at 10-19 µs there ran at
+/// 0.16× and 0.20× the unpaced throughput (bench/RESULTS-dds.md). Over tcp pacing pays
 /// even below its wait's cost, because the path itself is the slower part:
 /// its floor stays at 10 µs, a wake-up's order.
-fn pace_gap_min_ns(transport: &Transport) -> u64 {
+fn pace_gap_ns_min(transport: &Transport) -> u64 {
     match transport {
         Transport::Shm => 100_000,
         Transport::Tcp(_) | Transport::Ofi(_) => 10_000,
@@ -423,9 +423,10 @@ impl DomainParticipant {
     /// A writer paced by NAPA with these settings (`Some(NapaConfig::default())`
     /// for the defaults; it applies to reliable writers only), or `None`:
     /// as fast as the window allows. NAPA is off by default: on this
-    /// project's 2-core machines it lowered the one-way latency of 100 KB
-    /// samples over tcp 1.7–2.5× but at 0.5–0.75× the throughput, and it
-    /// costs small samples throughput (docs/dds.md, bench/RESULTS-dds.md).
+    /// project's 2-core machines it lowers the one-way latency of 100 and
+    /// 200 KB samples over loopback tcp 10–15×, but at 0.82–1.20× the
+    /// throughput, and it costs 50 KB samples 0.53–0.63× of theirs
+    /// (docs/napa.md, bench/RESULTS-dds.md).
     pub fn create_writer_with_napa<T: TopicType>(
         &self,
         topic: &Topic<T>,

@@ -24,7 +24,8 @@ const PACE_SPIN_NS: u64 = 200_000;
 /// samples back to back. Every sample of such a burst waits for the ones
 /// before it: with K (10) of credit, 100 KB samples over tcp had a p50 of
 /// 123-154 µs, with 2 of credit 71-82 µs at the same throughput (200 KB:
-/// 360-661 against 172-313 µs; bench/RESULTS-dds.md).
+/// 360-661 against 172-313 µs; two alternated runs,
+/// bench/results/dds-napa-experiments-2026-12-01.json).
 const PACE_CREDIT_SAMPLES: u64 = 2;
 
 /// What a writer knows about its matches and its sends.
@@ -176,10 +177,10 @@ impl WriterShared {
             // queued each of its samples behind the others).
             let gap_ns = match napa.gap_ns() {
                 // A gap shorter than a paced wait costs on this transport
-                // (participant::pace_gap_min_ns) cannot be spent: not paced
+                // (participant::pace_gap_ns_min) cannot be spent: not paced
                 // (small samples go at the window's pace, where batching is
                 // what helps).
-                gap if gap < self.participant.pace_gap_min_ns => 0,
+                gap if gap < self.participant.pace_gap_ns_min => 0,
                 gap => gap,
             };
             let earliest_ns = now.saturating_sub(gap_ns.saturating_mul(PACE_CREDIT_SAMPLES));
