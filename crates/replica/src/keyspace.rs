@@ -96,14 +96,50 @@ pub const COMMANDS: &[CommandSpec] = &[
 
 /// The spec of `name` (any case), if the service implements it.
 pub fn lookup(name: &[u8]) -> Option<&'static CommandSpec> {
-    COMMANDS
-        .binary_search_by(|c| {
-            let a = c.name.as_bytes().iter().map(u8::to_ascii_lowercase);
-            a.cmp(name.iter().map(u8::to_ascii_lowercase))
-        })
-        .ok()
-        .map(|i| &COMMANDS[i])
+    // One integer key per name (its bytes, lowercased, big-endian in a
+    // u128, zero-padded: the order of the keys is the order of the names),
+    // searched as integers. Comparing through a lowercasing iterator chain
+    // at every probe was 2.6-3.5% of the master's CPU under
+    // redis-benchmark -P 16, and comparing slices (a memcmp call a probe)
+    // about 7%; this is about 3%.
+    if name.len() > COMMAND_NAME_BYTES_MAX {
+        return None;
+    }
+    let mut bytes = [0u8; COMMAND_NAME_BYTES_MAX];
+    bytes[..name.len()].copy_from_slice(name);
+    bytes.make_ascii_lowercase();
+    let i = COMMAND_KEYS.binary_search(&u128::from_be_bytes(bytes)).ok()?;
+    // A name with a NUL byte has the key of its prefix: the lengths differ.
+    (COMMANDS[i].name.len() == name.len()).then_some(&COMMANDS[i])
 }
+
+/// The longest command name (`COMMANDS`); a longer name is no command.
+const COMMAND_NAME_BYTES_MAX: usize = 16;
+
+/// `name`'s key for [`lookup`] (the names are lowercase already).
+const fn command_key(name: &[u8]) -> u128 {
+    assert!(name.len() <= COMMAND_NAME_BYTES_MAX, "a command name fits its key");
+    let mut key = 0u128;
+    let mut i = 0;
+    while i < COMMAND_NAME_BYTES_MAX {
+        let byte = if i < name.len() { name[i] } else { 0 };
+        key = key << 8 | byte as u128;
+        i += 1;
+    }
+    key
+}
+
+/// The keys of `COMMANDS`, in its (sorted) order.
+static COMMAND_KEYS: [u128; COMMANDS.len()] = {
+    let mut keys = [0u128; COMMANDS.len()];
+    let mut i = 0;
+    while i < COMMANDS.len() {
+        keys[i] = command_key(COMMANDS[i].name.as_bytes());
+        assert!(i == 0 || keys[i - 1] < keys[i], "the table is sorted: binary search");
+        i += 1;
+    }
+    keys
+};
 
 /// Whether `argc` arguments (the name included) fit `spec`'s arity.
 pub fn arity_ok(spec: &CommandSpec, argc: usize) -> bool {
@@ -252,6 +288,18 @@ mod tests {
         );
         assert_eq!(lookup(b"GeT").unwrap().name, "get");
         assert!(lookup(b"LPUSH").is_none());
+        assert!(lookup(b"").is_none());
+        assert!(
+            lookup(&[b'g'; COMMAND_NAME_BYTES_MAX + 1]).is_none(),
+            "too long for any command"
+        );
+        assert!(lookup(b"get\0").is_none() && lookup(b"ge").is_none() && lookup(b"gets").is_none());
+        for spec in COMMANDS {
+            assert_eq!(
+                lookup(spec.name.to_ascii_uppercase().as_bytes()).unwrap().name,
+                spec.name
+            );
+        }
         assert!(arity_ok(lookup(b"set").unwrap(), 5) && !arity_ok(lookup(b"set").unwrap(), 2));
         assert!(arity_ok(lookup(b"get").unwrap(), 2) && !arity_ok(lookup(b"get").unwrap(), 3));
     }
