@@ -332,10 +332,7 @@ fn unknown(args: Args<'_>, out: &mut Vec<u8>) {
 
 /// A signed 64-bit integer argument.
 fn integer_arg(arg: &[u8]) -> Result<i64, String> {
-    std::str::from_utf8(arg)
-        .ok()
-        .and_then(|s| s.parse::<i64>().ok())
-        .ok_or_else(|| "ERR value is not an integer or out of range".to_string())
+    crate::resp::parse_i64(arg).ok_or_else(|| "ERR value is not an integer or out of range".to_string())
 }
 
 /// Delete the objects whose expiry is due (at most `max`), each with a
@@ -614,13 +611,7 @@ fn hello(args: Args<'_>, session: &mut Session, out: &mut Vec<u8>) -> Result<(),
         resp3 = match args.get(1) {
             b"2" => false,
             b"3" => true,
-            v if std::str::from_utf8(v)
-                .ok()
-                .and_then(|s| s.parse::<i64>().ok())
-                .is_some() =>
-            {
-                return Err("NOPROTO unsupported protocol version".into())
-            }
+            v if crate::resp::parse_i64(v).is_some() => return Err("NOPROTO unsupported protocol version".into()),
             _ => return Err("ERR Protocol version is not an integer or out of range".into()),
         };
     }
@@ -863,10 +854,7 @@ fn incr_by(ctx: &mut Context<'_>, key: &[u8], delta: i64) -> Result<i64, String>
     let (current, ttl) = match ctx.objects.get(key) {
         None => (0i64, 0),
         Some(o) => (
-            std::str::from_utf8(&o.value)
-                .ok()
-                .and_then(|s| s.parse::<i64>().ok())
-                .ok_or("ERR value is not an integer or out of range")?,
+            crate::resp::parse_i64(&o.value).ok_or("ERR value is not an integer or out of range")?,
             o.expires_at_ms,
         ),
     };

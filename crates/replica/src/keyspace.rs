@@ -116,17 +116,17 @@ pub fn lookup(name: &[u8]) -> Option<&'static CommandSpec> {
 /// The longest command name (`COMMANDS`); a longer name is no command.
 const COMMAND_NAME_BYTES_MAX: usize = 16;
 
-/// `name`'s key for [`lookup`] (the names are lowercase already).
+/// `name`'s key for [`lookup`] (the names are lowercase already): the
+/// same zero-padded big-endian bytes that `lookup` builds at run time.
 const fn command_key(name: &[u8]) -> u128 {
     assert!(name.len() <= COMMAND_NAME_BYTES_MAX, "a command name fits its key");
-    let mut key = 0u128;
+    let mut bytes = [0u8; COMMAND_NAME_BYTES_MAX];
     let mut i = 0;
-    while i < COMMAND_NAME_BYTES_MAX {
-        let byte = if i < name.len() { name[i] } else { 0 };
-        key = key << 8 | byte as u128;
+    while i < name.len() {
+        bytes[i] = name[i];
         i += 1;
     }
-    key
+    u128::from_be_bytes(bytes)
 }
 
 /// The keys of `COMMANDS`, in its (sorted) order.

@@ -139,7 +139,7 @@ fn read_number_line(buf: &[u8], from: usize, line_max: usize) -> Result<Option<(
 /// or more ASCII digits, in range), without the UTF-8 check and the
 /// generic parser on every length line (they were 3-4% of the master's
 /// CPU under redis-benchmark -P 16).
-fn parse_i64(digits: &[u8]) -> Option<i64> {
+pub(crate) fn parse_i64(digits: &[u8]) -> Option<i64> {
     let (negative, digits) = match digits {
         [b'-', rest @ ..] => (true, rest),
         [b'+', rest @ ..] => (false, rest),
