@@ -57,6 +57,7 @@ pub mod failover_sim;
 pub mod keyspace;
 pub mod layout;
 pub mod linearizability;
+pub mod liveness;
 pub mod log;
 pub mod master;
 pub mod node;

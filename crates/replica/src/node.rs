@@ -209,16 +209,9 @@ pub fn alive(fabric: &ShmFabric, rank: usize) -> bool {
     pid == std::process::id() || process_alive(pid)
 }
 
-/// A process exists and is not a zombie.
-pub fn process_alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next());
-    !matches!(state, Some('Z') | Some('X') | None)
-}
+/// A process exists and is not a zombie (one `poll(2)` of its pidfd once
+/// watched: [`crate::liveness`]).
+pub use crate::liveness::process_alive;
 
 /// How a wait on the master ended.
 enum Seen {
