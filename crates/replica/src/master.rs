@@ -752,10 +752,22 @@ impl<F: Fabric> Master<F> {
     /// `record_at`, then the record up to `new_head`) to the unpushed run;
     /// a run never spans segments, so a pad closes it (pushed now).
     fn defer_push(&mut self, from: u64, record_at: u64, new_head: u64) -> Result<(), String> {
-        debug_assert_eq!(from, self.head, "appends are contiguous");
+        // Appends are contiguous, but for a segment's tail too short for a
+        // pad's header: no pad is written there, readers skip it by rule
+        // (`LogGeometry::place`), and the append starts the next segment.
+        let follows = |end: u64| {
+            from == end
+                || (self.layout.geometry.segment_remaining(end) < HEADER_BYTES
+                    && from == end + self.layout.geometry.segment_remaining(end) as u64)
+        };
+        debug_assert!(
+            follows(self.head),
+            "appends are contiguous: {from} after head {}",
+            self.head
+        );
         let run_from = match self.unpushed {
             Some((run_from, run_to)) => {
-                debug_assert_eq!(run_to, from, "the unpushed run ends at the head");
+                debug_assert!(follows(run_to), "the unpushed run ({run_to}) ends at the head ({from})");
                 run_from
             }
             None => from,
