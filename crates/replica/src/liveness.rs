@@ -91,18 +91,11 @@ fn watched(pid: u32) -> Watched {
     let index = match held {
         Some(i) => i,
         None => {
-            // SAFETY: pidfd_open takes a pid and a flags word (0) and
-            // returns a new descriptor or -1; it touches no memory of ours.
-            let rc = unsafe { libc::syscall(libc::SYS_pidfd_open, pid_i32, 0) };
-            if rc < 0 {
-                return match std::io::Error::last_os_error().raw_os_error() {
-                    Some(libc::ESRCH) => Watched::NoSuchProcess,
-                    _ => Watched::AskProc, // ENOSYS, EMFILE, …
-                };
-            }
-            // SAFETY: rc is a descriptor pidfd_open just returned, owned by
-            // nothing else.
-            let fd = unsafe { OwnedFd::from_raw_fd(rc as i32) };
+            let fd = match pidfd_open(pid_i32) {
+                Ok(fd) => fd,
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Watched::NoSuchProcess,
+                Err(_) => return Watched::AskProc, // ENOSYS, EMFILE, …
+            };
             let i = match watches.slots.iter().position(Option::is_none) {
                 Some(free) => free,
                 None => {
@@ -134,6 +127,84 @@ fn watched(pid: u32) -> Watched {
     // say what the pid is now.
     watches.slots[index] = None;
     Watched::AskProc
+}
+
+/// A new pidfd of `pid` (close-on-exec, as pidfd_open always makes it).
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and a flags word (0) and returns a
+    // new descriptor or -1; it touches no memory of ours.
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: rc is a descriptor pidfd_open just returned, owned by nothing
+    // else.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as i32) })
+}
+
+/// Whether the process of `pidfd` terminated, waiting up to `timeout_ms`
+/// for it (0: just look). A failed poll counts as terminated: the caller
+/// then asks `/proc`.
+fn terminated(pidfd: &OwnedFd, timeout_ms: i32) -> bool {
+    let mut poll_fd = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd and a count of 1: poll only writes
+    // `revents` of that one struct.
+    let rc = unsafe { libc::poll(&mut poll_fd, 1, timeout_ms) };
+    if rc < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+        // A signal cut the wait short: the caller's loop looks again soon
+        // enough.
+        return false;
+    }
+    rc != 0
+}
+
+/// One process watched by a thread of its own (a failover driver watching
+/// its master): [`ProcessWatch::wait_exit`] sleeps until the process
+/// terminates or the timeout passes, so a death is seen at once instead of
+/// at the next poll.
+pub struct ProcessWatch {
+    pid: u32,
+    fd: Option<OwnedFd>,
+}
+
+impl ProcessWatch {
+    /// Watch `pid` (without a pidfd, e.g. on a kernel before 5.3 or a pid
+    /// already gone, [`ProcessWatch::wait_exit`] only sleeps).
+    pub fn new(pid: u32) -> ProcessWatch {
+        let fd = i32::try_from(pid)
+            .ok()
+            .filter(|p| *p > 0)
+            .and_then(|p| pidfd_open(p).ok());
+        ProcessWatch { pid, fd }
+    }
+
+    /// The pid watched.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Sleep until the watched process terminates or `timeout` passes;
+    /// true when it terminated (once: the watch then only sleeps, so a
+    /// loop around it does not spin on a dead process).
+    pub fn wait_exit(&mut self, timeout: std::time::Duration) -> bool {
+        match &self.fd {
+            Some(fd) => {
+                let exited = terminated(fd, timeout.as_millis().clamp(1, i32::MAX as u128) as i32);
+                if exited {
+                    self.fd = None;
+                }
+                exited
+            }
+            None => {
+                std::thread::sleep(timeout);
+                false
+            }
+        }
+    }
 }
 
 /// How many processes are watched now (tests).
@@ -182,6 +253,43 @@ mod tests {
         assert!(!process_alive_by_proc(pid), "/proc says zombie too");
         child.wait().expect("reap");
         assert!(!process_alive(pid), "a reaped child is not alive");
+    }
+
+    #[test]
+    fn a_watch_wakes_at_the_death_and_times_out_while_alive() {
+        let _turn = turn();
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn sleep");
+        let mut watch = ProcessWatch::new(child.id());
+        assert_eq!(watch.pid(), child.id());
+        assert!(
+            !watch.wait_exit(std::time::Duration::from_millis(5)),
+            "alive: the wait times out"
+        );
+        let killer = std::thread::spawn({
+            let pid = child.id() as i32;
+            // SAFETY: SIGKILL to our own child, which is not reaped yet
+            // (its pid cannot have been reused).
+            move || unsafe { libc::kill(pid, libc::SIGKILL) }
+        });
+        assert!(
+            watch.wait_exit(std::time::Duration::from_secs(20)),
+            "killed (a zombie, not reaped): the wait ends with the death"
+        );
+        assert_eq!(killer.join().expect("killer"), 0);
+        assert!(
+            !watch.wait_exit(std::time::Duration::from_millis(1)),
+            "said once: from then on the watch only sleeps"
+        );
+        child.wait().expect("reap");
+        let mut gone = ProcessWatch::new(child.id());
+        assert!(
+            !gone.wait_exit(std::time::Duration::from_millis(1)),
+            "a pid already gone: no pidfd, the wait only sleeps"
+        );
     }
 
     #[test]

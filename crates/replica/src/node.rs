@@ -61,6 +61,12 @@ pub trait Membership: Fabric + Send + Sync + 'static {
     /// left or is gone): the failover then counts it out of the majority.
     /// Never true on a fabric whose losses may be cut links (tcp).
     fn member_gone(&self, rank: usize) -> bool;
+    /// The process of `rank`, where the fabric knows it (shm): its
+    /// failover driver then waits on that process's pidfd between ticks
+    /// and sees its death at once ([`crate::liveness::ProcessWatch`]).
+    fn member_pid(&self, _rank: usize) -> Option<u32> {
+        None
+    }
 }
 
 /// Slot states in the shm group file header (see the fabric's file
@@ -75,6 +81,12 @@ impl Membership for ShmFabric {
         // Partner: the Release store of the slot state by the fabric.
         let joined = self.header().members[rank].state.load(Ordering::Acquire) != SLOT_EMPTY;
         joined && !alive(self, rank)
+    }
+    fn member_pid(&self, rank: usize) -> Option<u32> {
+        let slot = &self.header().members[rank];
+        // Partner: the Release store of the slot state by the fabric (it
+        // stores the pid before).
+        (slot.state.load(Ordering::Acquire) == SLOT_RUNNING).then(|| slot.pid.load(Ordering::Relaxed))
     }
 }
 
@@ -212,6 +224,16 @@ pub fn alive(fabric: &ShmFabric, rank: usize) -> bool {
 /// A process exists and is not a zombie (one `poll(2)` of its pidfd once
 /// watched: [`crate::liveness`]).
 pub use crate::liveness::process_alive;
+
+/// A following backup's (or spare's) first nap between looks at its
+/// master's stop word and its own backup threads; each nap with nothing
+/// new doubles, up to [`FOLLOW_NAP_MAX`]. A failover or roll does not wait
+/// for it: the driver wakes the thread ([`Driver::wait_view`]). At a fixed
+/// 500 µs, each idle backup's main thread was about 3% of a core.
+const FOLLOW_NAP_MIN: Duration = Duration::from_micros(500);
+/// The longest such nap: how late a master's clean stop (or a backup
+/// thread's failure, or `stop`) may be seen.
+const FOLLOW_NAP_MAX: Duration = Duration::from_millis(4);
 
 /// How a wait on the master ended.
 enum Seen {
@@ -478,9 +500,7 @@ impl<F: Membership> Node<F> {
 
     /// The epoch and master this member's failover engine follows now.
     fn view(&self) -> (Option<u64>, (u64, usize)) {
-        let engine = self.driver.engine();
-        let leading = engine.leading().filter(|_| engine.rolling_to().is_none());
-        (leading, engine.promised())
+        self.driver.view()
     }
 
     /// Run as a backup or spare (through failovers and epoch rolls) until
@@ -493,6 +513,10 @@ impl<F: Membership> Node<F> {
     /// engine moves on (a failover or a roll).
     pub fn run_until_master(&self, stop: &AtomicBool) -> Result<Option<Leader<F>>, String> {
         let me = self.rank();
+        // The driver wakes this thread when the view moves (a failover, a
+        // roll): the naps below only bound how late a master's clean stop,
+        // a failed backup thread or `stop` is seen.
+        self.driver.watch_view();
         loop {
             if stop.load(Ordering::Acquire) {
                 return Ok(None);
@@ -513,11 +537,13 @@ impl<F: Membership> Node<F> {
             };
             if set & (1 << me) == 0 {
                 // A spare: wait until the engine moves (a roll may take us).
+                let mut nap = FOLLOW_NAP_MIN;
                 while self.view() == (None, (epoch, master)) && !stop.load(Ordering::Acquire) {
                     if self.clean_stop_of(master, epoch) {
                         return Ok(None);
                     }
-                    std::thread::sleep(Duration::from_micros(500));
+                    self.driver.wait_view(nap);
+                    nap = (nap * 2).min(FOLLOW_NAP_MAX);
                 }
                 continue;
             }
@@ -531,6 +557,7 @@ impl<F: Membership> Node<F> {
                 self.config.idle,
             )?;
             self.driver.set_backup_of(Some(epoch));
+            let mut nap = FOLLOW_NAP_MIN;
             let ended_cleanly = loop {
                 if stop.load(Ordering::Acquire) {
                     self.driver.set_backup_of(None);
@@ -547,7 +574,8 @@ impl<F: Membership> Node<F> {
                 if backup.failed() {
                     return backup.stop().and(Err("a backup thread stopped".into()));
                 }
-                std::thread::sleep(Duration::from_micros(500));
+                self.driver.wait_view(nap);
+                nap = (nap * 2).min(FOLLOW_NAP_MAX);
             };
             self.driver.set_backup_of(None);
             backup.seal()?;
