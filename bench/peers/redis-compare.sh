@@ -26,32 +26,6 @@ bench() { # label port
     | awk -F, -v label="$1" 'NR>1 { for (i = 1; i <= NF; i++) gsub(/"/, "", $i); printf "| %s | %s | %s | %s | %s |\n", label, $1, $2, $5, $7 }'
 }
 
-# Synchronous writes one at a time (python3 client: same overhead for both).
-sync_writes() { # label port wait_cmd
-  python3 - "$2" "$SYNC_N" "$3" "$1" <<'PY'
-import socket, sys, time
-port, n, wait, label = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-s = socket.create_connection(("127.0.0.1", port)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-f = s.makefile("rb")
-lat = []
-t_start = time.perf_counter()
-for i in range(n):
-    req = b"*3\r\n$3\r\nSET\r\n$7\r\nsynckey\r\n$3\r\nabc\r\n"
-    if wait == "wait":
-        req += b"*3\r\n$4\r\nWAIT\r\n$1\r\n2\r\n$1\r\n0\r\n"
-    t0 = time.perf_counter()
-    s.sendall(req)
-    assert f.readline().startswith(b"+OK")
-    if wait == "wait":
-        r = f.readline()
-        assert r.startswith(b":2"), r
-    lat.append(time.perf_counter() - t0)
-el = time.perf_counter() - t_start
-lat.sort()
-q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] * 1e6
-print(f"| {label} | {n/el:,.0f} | {q(0.5):.1f} | {q(0.99):.1f} | {q(0.999):.1f} |")
-PY
-}
 
 {
 echo "# spindle kv vs redis-server ($(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
@@ -82,17 +56,7 @@ done
 
 # Redis: a primary and 2 replicas, no persistence (like Spindle's memory-first ack).
 rp=16390
-redis-server --port $rp --bind 127.0.0.1 --save '' --appendonly no --dir "$work" --daemonize no > "$work/r0.log" 2>&1 &
-pids+=("$!")
-for i in 1 2; do
-  redis-server --port $((rp + i)) --bind 127.0.0.1 --save '' --appendonly no --dir "$work" --replicaof 127.0.0.1 $rp --daemonize no > "$work/r$i.log" 2>&1 &
-  pids+=("$!")
-done
-wait_ping $rp; wait_ping $((rp + 1)); wait_ping $((rp + 2))
-for _ in $(seq 1 100); do
-  [ "$(redis-cli -p $rp info replication | grep -c 'state=online')" -ge 2 ] && break
-  sleep 0.1
-done
+start_redis $rp
 bench "redis-server primary + 2 replicas (async: acked before replicas have it)" $rp >> "$out"
 sync_writes "redis-server + 2 replicas: SET + WAIT 2 0" $rp wait > "$work/sync-redis.md"
 
