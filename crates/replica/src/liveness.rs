@@ -226,14 +226,19 @@ mod tests {
         TABLE_TURN.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    #[test]
-    fn a_child_is_alive_until_it_terminates_zombie_or_reaped() {
-        let _turn = turn();
-        let mut child = Command::new("sleep")
+    /// A child that lives until killed (30 s at most).
+    fn sleeper() -> std::process::Child {
+        Command::new("sleep")
             .arg("30")
             .stdout(Stdio::null())
             .spawn()
-            .expect("spawn sleep");
+            .expect("spawn sleep")
+    }
+
+    #[test]
+    fn a_child_is_alive_until_it_terminates_zombie_or_reaped() {
+        let _turn = turn();
+        let mut child = sleeper();
         let pid = child.id();
         assert!(process_alive(pid), "a running child is alive");
         assert_eq!(watched(pid), Watched::Running, "and watched by its pidfd");
@@ -258,11 +263,7 @@ mod tests {
     #[test]
     fn a_watch_wakes_at_the_death_and_times_out_while_alive() {
         let _turn = turn();
-        let mut child = Command::new("sleep")
-            .arg("30")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn sleep");
+        let mut child = sleeper();
         let mut watch = ProcessWatch::new(child.id());
         assert_eq!(watch.pid(), child.id());
         assert!(
@@ -307,15 +308,7 @@ mod tests {
         // More children than the table holds: the table stays at its
         // bound, and every answer is still right (a full table replaces
         // round robin).
-        let mut children: Vec<_> = (0..WATCHES_MAX + 4)
-            .map(|_| {
-                Command::new("sleep")
-                    .arg("30")
-                    .stdout(Stdio::null())
-                    .spawn()
-                    .expect("spawn sleep")
-            })
-            .collect();
+        let mut children: Vec<_> = (0..WATCHES_MAX + 4).map(|_| sleeper()).collect();
         for child in &children {
             assert!(process_alive(child.id()));
         }
