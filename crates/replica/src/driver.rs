@@ -18,9 +18,9 @@
 //! tcp nothing is certain and only the timers count.
 //!
 //! **Ticks.** While anything moves (a promise, a campaign, an established
-//! epoch, a view) the driver ticks every [`TICK_MAX`]. Once no word but the
-//! heartbeats changed for [`QUIET_AFTER_TICKS`] ticks and no one
-//! campaigns, it ticks every `heartbeat / 4`, within
+//! epoch, in any row or in this member's own words, a view, a death) the
+//! driver ticks every [`TICK_MAX`]. Once no word but the heartbeats
+//! changed for [`QUIET_AFTER_TICKS`] ticks and no one campaigns, it ticks every `heartbeat / 4`, within
 //! `[TICK_MAX, TICK_QUIET_MAX]` (4 ms with the default 400 ms lease: a
 //! heartbeat of 25 ms is sent, seen and echoed a few ms late, of a 400 ms
 //! lease). On shm a follower waits between ticks on its master's pidfd
@@ -75,6 +75,16 @@ pub struct Driver<F: Membership> {
 /// master it promised: what its data path follows.
 pub type View = (Option<u64>, (u64, usize));
 
+/// What one tick saw.
+struct TickSeen {
+    /// Every member's failover words, as read before the step.
+    rows: Vec<ControlRow>,
+    /// The step moved the view.
+    view_moved: bool,
+    /// The members found gone for certain in this tick (a bit per rank).
+    gone: u64,
+}
+
 fn view_of(engine: &Failover) -> View {
     let leading = engine.leading().filter(|_| engine.rolling_to().is_none());
     (leading, engine.promised())
@@ -128,21 +138,34 @@ fn run<F: Membership>(weak: Weak<Driver<F>>) {
     // heartbeats moved in them (module docs: ticks).
     let mut rows_last: Vec<ControlRow> = Vec::new();
     let mut still_ticks = 0u32;
+    // The members seen gone for certain so far (a new death is movement).
+    let mut gone_seen = 0u64;
     let mut master_watch: Option<ProcessWatch> = None;
+    let mut master_died = false;
     loop {
         let Some(driver) = weak.upgrade() else { return };
         let timing = driver.engine().timing();
-        let (rows, view_moved) = driver.tick(&mut last_death_check_ns);
+        let seen = driver.tick(&mut last_death_check_ns);
         let row = driver.engine().row();
         let now = monotonic_ns();
         let due = now.saturating_sub(last_push_ns) >= timing.heartbeat_ns;
+        let words = |r: &ControlRow| (r.promise, r.established, r.campaign);
+        // Our own words moved in this tick (a campaign started, a promise
+        // given) or by the data path since the last (a roll, an epoch
+        // established): the peers answer, so stay fast.
+        let own_moved = words(&row) != words(&sent);
         if row != sent || due {
             driver.publish(true);
             sent = row;
             last_push_ns = now;
         }
-        let words = |r: &ControlRow| (r.promise, r.established, r.campaign);
-        let moved = view_moved
+        let rows = seen.rows;
+        let new_death = seen.gone & !gone_seen != 0;
+        gone_seen |= seen.gone;
+        let moved = seen.view_moved
+            || own_moved
+            || new_death
+            || master_died
             || rows.len() != rows_last.len()
             || rows.iter().zip(&rows_last).any(|(a, b)| words(a) != words(b));
         let campaigning = rows.iter().any(|r| r.campaign != 0);
@@ -172,10 +195,14 @@ fn run<F: Membership>(weak: Weak<Driver<F>>) {
                 }
                 let watch = master_watch.as_mut().expect("just set");
                 // A death ends the wait at once; the next tick finds the
-                // master gone (and the watch only sleeps from then on).
-                watch.wait_exit(tick);
+                // master gone, and ticks fast from then on (the watch
+                // only sleeps once it said so).
+                master_died = watch.wait_exit(tick);
             }
-            None => std::thread::sleep(tick),
+            None => {
+                master_died = false;
+                std::thread::sleep(tick);
+            }
         }
     }
 }
@@ -209,24 +236,27 @@ impl<F: Membership> Driver<F> {
             .collect()
     }
 
-    /// One step of the engine; returns the rows it read and whether the
-    /// view moved (its waiter, if any, was woken).
-    fn tick(&self, last_death_check_ns: &mut u64) -> (Vec<ControlRow>, bool) {
+    /// One step of the engine ([`TickSeen`]; a waiter on the view was
+    /// woken if it moved).
+    fn tick(&self, last_death_check_ns: &mut u64) -> TickSeen {
         let rows = self.read_rows();
         let mut engine = self.engine();
         let view_before = view_of(&engine);
+        let mut gone = 0u64;
         // The master we follow every tick (its death starts a failover),
-        // everyone every DEATH_CHECK_NS (a check can be a system call).
+        // everyone every DEATH_CHECK_NS (at the first tick after).
         let me = self.fabric.member_rank();
         let master = engine.promised().1;
         if master != me && self.fabric.member_gone(master) {
             engine.handle_dead(master);
+            gone |= 1 << master;
         }
         if monotonic_ns().saturating_sub(*last_death_check_ns) >= DEATH_CHECK_NS {
             *last_death_check_ns = monotonic_ns();
             for r in (0..self.fabric.member_count()).filter(|r| *r != me) {
                 if self.fabric.member_gone(r) {
                     engine.handle_dead(r);
+                    gone |= 1 << r;
                 }
             }
         }
@@ -258,7 +288,7 @@ impl<F: Membership> Driver<F> {
         if view_moved {
             self.wake_view_waiter();
         }
-        (rows, view_moved)
+        TickSeen { rows, view_moved, gone }
     }
 
     /// The view the data path follows now ([`View`]).
