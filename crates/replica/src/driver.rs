@@ -20,10 +20,10 @@
 //! **Ticks.** While anything moves (a promise, a campaign, an established
 //! epoch, in any row or in this member's own words, a view, a death) the
 //! driver ticks every [`TICK_MAX`]. Once no word but the heartbeats
-//! changed for [`QUIET_AFTER_TICKS`] ticks and no one campaigns, it ticks every `heartbeat / 4`, within
-//! `[TICK_MAX, TICK_QUIET_MAX]` (4 ms with the default 400 ms lease: a
-//! heartbeat of 25 ms is sent, seen and echoed a few ms late, of a 400 ms
-//! lease). On shm a follower waits between ticks on its master's pidfd
+//! changed for [`QUIET_AFTER_TICKS`] ticks and no one campaigns, it ticks
+//! every `heartbeat / 4`, within `[TICK_MAX, TICK_QUIET_MAX]` (4 ms with
+//! the default 400 ms lease: a heartbeat of 25 ms is sent, seen and echoed
+//! a few ms late, of a 400 ms lease). On shm a follower waits between ticks on its master's pidfd
 //! ([`crate::liveness::ProcessWatch`]), so the master's death wakes it at
 //! once, quiet or not. At a fixed 1 ms, each driver of an idle shm service
 //! was about 2% of a core.

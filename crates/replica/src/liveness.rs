@@ -77,14 +77,17 @@ pub fn process_alive_by_proc(pid: u32) -> bool {
     !matches!(state, Some('Z') | Some('X') | None)
 }
 
+/// `pid` as the kernel's pid type, if it can name one process (0 and
+/// anything that reads negative are refused by pidfd_open, and kill(2)
+/// would read them as process groups).
+fn process_pid(pid: u32) -> Option<i32> {
+    i32::try_from(pid).ok().filter(|p| *p > 0)
+}
+
 fn watched(pid: u32) -> Watched {
-    let Ok(pid_i32) = i32::try_from(pid) else {
+    let Some(pid_i32) = process_pid(pid) else {
         return Watched::NoSuchProcess;
     };
-    if pid_i32 <= 0 {
-        // pidfd_open refuses these; kill(2) would read them as groups.
-        return Watched::NoSuchProcess;
-    }
     let mut watches = WATCHES.lock().unwrap_or_else(|p| p.into_inner());
     let held = watches
         .slots
@@ -179,10 +182,7 @@ impl ProcessWatch {
     /// Watch `pid` (without a pidfd, e.g. on a kernel before 5.3 or a pid
     /// already gone, [`ProcessWatch::wait_exit`] only sleeps).
     pub fn new(pid: u32) -> ProcessWatch {
-        let fd = i32::try_from(pid)
-            .ok()
-            .filter(|p| *p > 0)
-            .and_then(|p| pidfd_open(p).ok());
+        let fd = process_pid(pid).and_then(|p| pidfd_open(p).ok());
         ProcessWatch { pid, fd }
     }
 

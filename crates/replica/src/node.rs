@@ -499,7 +499,7 @@ impl<F: Membership> Node<F> {
     }
 
     /// The epoch and master this member's failover engine follows now.
-    fn view(&self) -> (Option<u64>, (u64, usize)) {
+    fn view(&self) -> crate::driver::View {
         self.driver.view()
     }
 
