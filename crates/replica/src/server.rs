@@ -687,6 +687,7 @@ fn info_text(store_mode: &str, epoch: u64, backups: usize, head: u64, objects: &
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::Durability;
     use crate::log::LogGeometry;
     use crate::node::{Node, NodeConfig};
     use crate::Mode;
@@ -749,6 +750,17 @@ mod tests {
     /// returns by itself) and the leader handed back with `objects`
     /// objects. `body` gets the address and the stop flag.
     fn with_server(clients_max: usize, objects: usize, body: impl FnOnce(std::net::SocketAddr)) {
+        with_server_on(Durability::Memory, clients_max, objects, body)
+    }
+
+    /// [`with_server`] with writes acknowledged as `durability` says
+    /// (disk: every commit waits for the backup's syncer).
+    fn with_server_on(
+        durability: Durability,
+        clients_max: usize,
+        objects: usize,
+        body: impl FnOnce(std::net::SocketAddr),
+    ) {
         static GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let group = format!(
@@ -760,11 +772,11 @@ mod tests {
         let backup = {
             let (config, stop) = (node_config(&group, dir.path()), backup_stop.clone());
             std::thread::spawn(move || -> Result<bool, String> {
-                let node = Node::open(config, 1)?;
+                let node = Node::open_with(config, 1, durability)?;
                 Ok(node.run_until_master(&stop)?.is_some())
             })
         };
-        let node = Node::open(node_config(&group, dir.path()), 0).unwrap();
+        let node = Node::open_with(node_config(&group, dir.path()), 0, durability).unwrap();
         let leader = node
             .run_until_master(&AtomicBool::new(false))
             .unwrap()
@@ -822,6 +834,98 @@ mod tests {
         );
         assert_eq!(request(&mut c, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), b"$1\r\n");
         c
+    }
+
+    /// Read `n` RESP integer replies (`:N\r\n`).
+    fn read_integers(stream: &mut std::io::BufReader<TcpStream>, n: usize) -> Vec<i64> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        (0..n)
+            .map(|_| {
+                line.clear();
+                stream.read_line(&mut line).unwrap();
+                let digits = line.strip_prefix(':').and_then(|l| l.strip_suffix("\r\n"));
+                digits
+                    .unwrap_or_else(|| panic!("not an integer reply: {line:?}"))
+                    .parse()
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    /// Group commit across clients (disk durability: every commit waits
+    /// for the backup's syncer, so many clients' batches share a round):
+    /// 8 clients each pipeline batches of `INCR shared` / `INCR own<c>`.
+    /// No reply is lost, duplicated or out of order: every client's own
+    /// counter counts 1, 2, 3, … in its replies, the shared counter's
+    /// replies are distinct across all clients and cover 1..=total, and
+    /// its value at the end is the total. A GET pipelined behind a
+    /// client's INCRs sees them.
+    #[test]
+    fn pipelining_clients_get_every_reply_once_in_order() {
+        use std::io::BufRead;
+        const CLIENTS: usize = 8;
+        const BATCHES: usize = 40;
+        const PER_BATCH: usize = 16;
+        let total = (CLIENTS * BATCHES * PER_BATCH) as i64;
+        with_server_on(Durability::Disk, CLIENTS + 1, CLIENTS + 1, |addr| {
+            let shared_seen: Vec<Vec<i64>> = std::thread::scope(|s| {
+                let clients: Vec<_> = (0..CLIENTS)
+                    .map(|c| {
+                        s.spawn(move || {
+                            let stream = TcpStream::connect(addr).unwrap();
+                            stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                            let mut writer = stream.try_clone().unwrap();
+                            let mut reader = std::io::BufReader::new(stream);
+                            let own = format!("own{c}");
+                            let mut batch = Vec::new();
+                            for _ in 0..PER_BATCH / 2 {
+                                batch.extend_from_slice(b"*2\r\n$4\r\nINCR\r\n$6\r\nshared\r\n");
+                                batch.extend_from_slice(
+                                    format!("*2\r\n$4\r\nINCR\r\n${}\r\n{own}\r\n", own.len()).as_bytes(),
+                                );
+                            }
+                            let mut shared = Vec::new();
+                            let mut own_expected = 1;
+                            for _ in 0..BATCHES {
+                                // Two writes: a batch may span rounds.
+                                writer.write_all(&batch).unwrap();
+                                writer.write_all(&batch).unwrap();
+                                for pair in read_integers(&mut reader, PER_BATCH * 2).chunks(2) {
+                                    shared.push(pair[0]);
+                                    assert_eq!(pair[1], own_expected, "client {c}: its own counter, in order");
+                                    own_expected += 1;
+                                }
+                            }
+                            let get = format!("*2\r\n$3\r\nGET\r\n${}\r\n{own}\r\n", own.len());
+                            writer.write_all(get.as_bytes()).unwrap();
+                            let mut line = String::new();
+                            reader.read_line(&mut line).unwrap(); // $len
+                            line.clear();
+                            reader.read_line(&mut line).unwrap();
+                            assert_eq!(
+                                line.trim_end(),
+                                (own_expected - 1).to_string(),
+                                "client {c} reads its writes"
+                            );
+                            shared
+                        })
+                    })
+                    .collect();
+                clients.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            let mut all: Vec<i64> = shared_seen.into_iter().flatten().collect();
+            all.sort_unstable();
+            assert_eq!(all, (1..=total).collect::<Vec<_>>(), "no lost or duplicated INCR");
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let digits = total.to_string();
+            assert_eq!(
+                request(&mut c, b"*2\r\n$3\r\nGET\r\n$6\r\nshared\r\n"),
+                format!("${}\r\n", digits.len()).into_bytes()
+            );
+            assert_eq!(request(&mut c, b""), format!("{digits}\r\n").into_bytes());
+        });
     }
 
     /// The stop flag ends `serve` in this process (it used to exit it):
