@@ -162,7 +162,17 @@ pub struct Cluster {
     stop: Option<(i32, Duration)>,
     /// Files removed on drop (what killed members could not remove).
     cleanup: Vec<PathBuf>,
+    /// Captured lines that report a Rust panic, from any child (or a
+    /// grandchild writing to its stream), at most [`PANIC_LINES_KEPT`].
+    panic_lines: Arc<Mutex<Vec<String>>>,
+    /// Drop fails (panics) if any child reported a panic.
+    fail_on_panics: bool,
 }
+
+/// The marker of Rust's panic message (`thread '…' panicked at file:line:`).
+const PANIC_MARKER: &str = "panicked at";
+/// Panic lines kept for the report (the first ones say the most).
+const PANIC_LINES_KEPT: usize = 16;
 
 impl Cluster {
     /// `slots` slots for children of this executable; streams inherited.
@@ -180,7 +190,25 @@ impl Cluster {
             stderr: Output::Inherit,
             stop: None,
             cleanup: Vec::new(),
+            panic_lines: Arc::new(Mutex::new(Vec::new())),
+            fail_on_panics: false,
         }
+    }
+
+    /// Fail on drop (a panic naming the lines) if a child, or a process
+    /// it started that writes to the same captured stream, reported a
+    /// Rust panic ("… panicked at …"), unless the thread is already
+    /// panicking. For tests whose members' panics would otherwise pass
+    /// unseen (a member that panics and is replaced by a failover).
+    /// Only captured streams are watched ([`Output::Capture`]).
+    pub fn fail_on_panics(mut self) -> Cluster {
+        self.fail_on_panics = true;
+        self
+    }
+
+    /// The captured lines that reported a panic so far (slot first).
+    pub fn panics(&self) -> Vec<String> {
+        self.panic_lines.lock().map(|l| l.clone()).unwrap_or_default()
     }
 
     /// What children started from now on do with their standard output
@@ -252,12 +280,19 @@ impl Cluster {
             child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
         ];
         for stream in streams.into_iter().flatten() {
-            let (tx, output) = (tx.clone(), output.clone());
+            let (tx, output, panics) = (tx.clone(), output.clone(), self.panic_lines.clone());
             readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
                     if let Ok(mut o) = output.lock() {
                         o.push_str(&line);
                         o.push('\n');
+                    }
+                    if line.contains(PANIC_MARKER) {
+                        if let Ok(mut p) = panics.lock() {
+                            if p.len() < PANIC_LINES_KEPT {
+                                p.push(format!("slot {slot}: {line}"));
+                            }
+                        }
                     }
                     // The receiver may be gone (the process was reaped).
                     let _ = tx.send(line);
@@ -527,6 +562,16 @@ impl Drop for Cluster {
         for path in &self.cleanup {
             let _ = std::fs::remove_file(path);
         }
+        if self.fail_on_panics && !std::thread::panicking() {
+            // What the readers took by now (a panic in the middle of a
+            // test is long read; one in the last milliseconds may not be).
+            let panics = self.panics();
+            assert!(
+                panics.is_empty(),
+                "a child process panicked (the test may have passed through a failover):\n{}",
+                panics.join("\n")
+            );
+        }
     }
 }
 
@@ -618,6 +663,41 @@ mod tests {
         for word in ["one", "two", "three"] {
             assert!(exit.output.contains(word), "{}", exit.output);
         }
+    }
+
+    /// A child's panic line (here, one a grandchild writes to the shared
+    /// stream after the child has exited) is seen; with
+    /// `fail_on_panics` the drop fails naming it, without it the drop
+    /// passes.
+    #[test]
+    fn a_child_that_panicked_fails_the_drop_only_when_asked() {
+        let panic_line = "thread 'main' (7) panicked at src/master.rs:1:1:";
+        let script = format!("(sleep 0.05; echo \"{panic_line}\" >&2) & echo started");
+        let mut quiet = sh(1);
+        quiet.start(0, ["-c", &script]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while quiet.panics().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(quiet.panics(), vec![format!("slot 0: {panic_line}")]);
+        drop(quiet);
+        let mut strict = sh(1).fail_on_panics();
+        strict.start(0, ["-c", &script]).unwrap();
+        while strict.panics().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(strict)));
+        let message = dropped.expect_err("the drop fails");
+        let text = message.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(
+            text.contains("a child process panicked") && text.contains(panic_line),
+            "{text}"
+        );
+        // Nothing reported, nothing failed.
+        let mut clean = sh(1).fail_on_panics();
+        clean.start(0, ["-c", "echo fine"]).unwrap();
+        clean.wait_line(0, "fine", Duration::from_secs(30)).unwrap();
+        drop(clean);
     }
 
     #[test]

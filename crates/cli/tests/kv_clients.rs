@@ -40,7 +40,8 @@ impl Service {
         std::fs::write(&config_path, config).unwrap();
         let group = format!("kvc-{}-{port}", std::process::id());
         let mut cluster = Cluster::with_exe(env!("CARGO_BIN_EXE_spindle"), 1)
-            .streams(Output::Capture, Output::Inherit)
+            .streams(Output::Capture, Output::Capture)
+            .fail_on_panics()
             .stop_with(libc::SIGTERM, Duration::from_secs(10));
         let data = dir.path().join("data");
         let args = [

@@ -69,7 +69,8 @@ impl Service {
         let port = free_port(rng);
         let group = format!("kvd-{}-{}", std::process::id(), rng.below(1 << 40));
         let mut cluster = Cluster::with_exe(env!("CARGO_BIN_EXE_spindle"), 1)
-            .streams(Output::Capture, Output::Inherit)
+            .streams(Output::Capture, Output::Capture)
+            .fail_on_panics()
             .stop_with(libc::SIGTERM, Duration::from_secs(20));
         let args: Vec<String> = [
             "kv",

@@ -656,10 +656,24 @@ impl Drop for Cluster {
         for rank in 0..self.members.len() {
             let _ = std::fs::remove_file(format!("/dev/shm/spindle@tcp-{}@{rank}", self.group));
         }
+        // A member that panicked (an assertion of its own) fails the test
+        // even when a failover carried the service past it.
+        let panics: Vec<String> = (0..self.members.len())
+            .flat_map(|rank| {
+                let stderr = std::fs::read_to_string(self.stderr_path(rank)).unwrap_or_default();
+                stderr
+                    .lines()
+                    .filter(|l| l.contains("panicked at"))
+                    .map(|l| format!("member {rank}: {l}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let failed = !panics.is_empty() && !std::thread::panicking();
         if std::env::var_os(KEEP_ENV).is_some() {
             self.dir.disable_cleanup(true);
             eprintln!("kv_partitions: kept {}", self.dir.path().display());
         }
+        assert!(!failed, "a member panicked:\n{}", panics.join("\n"));
         // Then `hosts` (namespaces, bridge) and `dir` (every file) go.
     }
 }

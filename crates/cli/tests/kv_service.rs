@@ -64,7 +64,8 @@ impl Service {
             .map(|i| extra[i + 1].parse().unwrap())
             .unwrap_or(0);
         let mut cluster = Cluster::with_exe(env!("CARGO_BIN_EXE_spindle"), 1)
-            .streams(Output::Capture, Output::Inherit)
+            .streams(Output::Capture, Output::Capture)
+            .fail_on_panics()
             .stop_with(libc::SIGTERM, Duration::from_secs(10));
         let mut args: Vec<String> = ["kv", "serve", "--port", &port.to_string(), "--group", &group]
             .iter()

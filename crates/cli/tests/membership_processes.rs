@@ -17,6 +17,7 @@ fn members(ranks: usize, group: &str) -> Cluster {
     Cluster::with_exe(env!("CARGO_BIN_EXE_spindle"), ranks)
         .streams(Output::Capture, Output::Capture)
         .owns_group(group, ranks)
+        .fail_on_panics()
 }
 
 /// Wait (bounded) for a member to exit; its status and output.
