@@ -98,7 +98,6 @@ fn member(config: GroupConfig, rank: usize) -> (Seen, String) {
             break e.to_string();
         }
     };
-    drop(record);
     (seen, error)
 }
 
