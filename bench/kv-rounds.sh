@@ -7,26 +7,31 @@
 # records none: main has none; the experiment of 2026-12-02 had them) and
 # the share of the 2 vCPUs busy during the run
 # (/proc/stat). Writes OUT.json (every run, the medians and after/before
-# per case) and prints a table.
+# per case) and prints a table; OUT.json.rows keeps every run's raw row.
 #   [ROUNDS=4] [N=300000] [CASES="tcp:memory:4 tcp:memory:50 tcp:disk:50 shm:memory:50"] \
 #     bash bench/kv-rounds.sh BEFORE_BIN AFTER_BIN [OUT.json]
 # Needs redis-benchmark and redis-cli (Debian's redis-tools). Listens on
 # 127.0.0.1 only; every process it starts is stopped, and its data
 # directory removed, at exit.
 set -euo pipefail
+before=$(realpath "$1") after=$(realpath "$2")
+out=$(realpath -m "${3:-$(dirname "$0")/results/kv-rounds-before-after.json}")
 cd "$(dirname "$0")/.."
-before=$1 after=$2
-out=${3:-bench/results/kv-rounds-before-after.json}
 ROUNDS=${ROUNDS:-4}
 N=${N:-300000}
 CASES=${CASES:-tcp:memory:4 tcp:memory:50 tcp:disk:50 shm:memory:50}
 command -v redis-benchmark >/dev/null || { echo "redis-benchmark not found: apt-get install redis-tools" >&2; exit 1; }
 work=$(mktemp -d)
 sp=
-cleanup() { [ -n "$sp" ] && kill "$sp" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
+cleanup() {
+  if [ -n "$sp" ]; then kill "$sp" 2>/dev/null || true; fi
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
 trap cleanup EXIT
 busy() { awk '/^cpu /{ print $2+$3+$4+$7+$8+$9, $5+$6 }' /proc/stat; }
-rows=$work/rows
+# Every run's row, kept beside OUT even if a later run fails.
+rows=$out.rows
 : > "$rows"
 port=17900
 for round in $(seq 1 "$ROUNDS"); do
@@ -38,12 +43,23 @@ for round in $(seq 1 "$ROUNDS"); do
       "$bin" kv serve --port $port --group "kvr-$$-$port" --backups 3 --mode one-sided --transport "$transport" \
         --durability "$durability" --data-dir "$work/d$port" > "$work/log$port" 2>&1 &
       sp=$!
-      for _ in $(seq 1 300); do redis-cli -p $port ping >/dev/null 2>&1 && break; sleep 0.1; done
+      up=0
+      for _ in $(seq 1 300); do
+        kill -0 "$sp" 2>/dev/null || break
+        if redis-cli -p $port ping >/dev/null 2>&1; then up=1; break; fi
+        sleep 0.1
+      done
+      if [ "$up" != 1 ]; then
+        echo "spindle kv serve ($side, $case) did not come up:" >&2
+        tail -n 20 "$work/log$port" >&2
+        exit 1
+      fi
       read -r b0 i0 < <(busy)
-      line=$(redis-benchmark -h 127.0.0.1 -p $port -t set -n "$N" -c "$clients" -P 16 -q --csv 2>/dev/null | tail -n 1)
+      line=$(redis-benchmark -h 127.0.0.1 -p $port -t set -n "$N" -c "$clients" -P 16 -q --csv 2>/dev/null | tail -n 1) \
+        || { echo "redis-benchmark failed ($side, $case)" >&2; exit 1; }
       read -r b1 i1 < <(busy)
-      stats=$(redis-cli -p $port info 2>/dev/null | tr -d '\r' | awk -F: '/^group_commit_/ { printf "%s=%s ", $1, $2 }')
-      kill "$sp"; wait "$sp" 2>/dev/null || true; sp=
+      stats=$(redis-cli -p $port info 2>/dev/null | tr -d '\r' | awk -F: '/^group_commit_/ { printf "%s=%s ", $1, $2 }' || true)
+      kill "$sp" 2>/dev/null || true; wait "$sp" 2>/dev/null || true; sp=
       rm -rf "$work/d$port"
       echo "$round $side $transport $durability $clients $line $(( 100 * (b1 - b0) / (b1 - b0 + i1 - i0) )) $stats" >> "$rows"
       tail -n 1 "$rows"

@@ -173,6 +173,8 @@ pub struct Cluster {
 const PANIC_MARKER: &str = "panicked at";
 /// Panic lines kept for the report (the first ones say the most).
 const PANIC_LINES_KEPT: usize = 16;
+/// Lines of a panic's message kept after its marker line.
+const PANIC_MESSAGE_LINES_MAX: usize = 6;
 
 impl Cluster {
     /// `slots` slots for children of this executable; streams inherited.
@@ -197,8 +199,9 @@ impl Cluster {
 
     /// Fail on drop (a panic naming the lines) if a child, or a process
     /// it started that writes to the same captured stream, reported a
-    /// Rust panic ("… panicked at …"), unless the thread is already
-    /// panicking. For tests whose members' panics would otherwise pass
+    /// Rust panic ("… panicked at …", kept with the message lines after
+    /// it); when the thread is already panicking, the lines are printed
+    /// instead. For tests whose members' panics would otherwise pass
     /// unseen (a member that panics and is replaced by a failover).
     /// Only captured streams are watched ([`Output::Capture`]).
     pub fn fail_on_panics(mut self) -> Cluster {
@@ -282,15 +285,37 @@ impl Cluster {
         for stream in streams.into_iter().flatten() {
             let (tx, output, panics) = (tx.clone(), output.clone(), self.panic_lines.clone());
             readers.push(std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let mut reader = BufReader::new(stream);
+                let mut raw = Vec::new();
+                // Lines still to add to the last panic report (its message).
+                let mut message_lines_left = 0usize;
+                loop {
+                    raw.clear();
+                    // Bytes, not `lines()`: an invalid UTF-8 byte must not
+                    // end the reading (the child would then die of EPIPE).
+                    match reader.read_until(b'\n', &mut raw) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                    let text = String::from_utf8_lossy(&raw);
+                    let line = text.trim_end_matches(['\n', '\r']).to_string();
                     if let Ok(mut o) = output.lock() {
                         o.push_str(&line);
                         o.push('\n');
                     }
-                    if line.contains(PANIC_MARKER) {
-                        if let Ok(mut p) = panics.lock() {
-                            if p.len() < PANIC_LINES_KEPT {
-                                p.push(format!("slot {slot}: {line}"));
+                    if let Ok(mut p) = panics.lock() {
+                        if line.contains(PANIC_MARKER) && p.len() < PANIC_LINES_KEPT {
+                            p.push(format!("slot {slot}: {line}"));
+                            message_lines_left = PANIC_MESSAGE_LINES_MAX;
+                        } else if message_lines_left > 0 {
+                            // The message follows the marker line; the
+                            // backtrace note ends it.
+                            if line.starts_with("note: ") || line.starts_with("stack backtrace") {
+                                message_lines_left = 0;
+                            } else if let Some(last) = p.last_mut() {
+                                last.push_str("\n    ");
+                                last.push_str(&line);
+                                message_lines_left -= 1;
                             }
                         }
                     }
@@ -548,6 +573,14 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // The readers of every child still here: a panic printed while it
+        // stops must be read before the check below.
+        let readers: Vec<JoinHandle<()>> = self
+            .slots
+            .iter_mut()
+            .flatten()
+            .flat_map(|p| std::mem::take(&mut p.readers))
+            .collect();
         if let Some((signal, grace)) = self.stop {
             let running: Vec<usize> = (0..self.slots.len()).filter(|s| self.is_running(*s)).collect();
             for &slot in &running {
@@ -562,15 +595,27 @@ impl Drop for Cluster {
         for path in &self.cleanup {
             let _ = std::fs::remove_file(path);
         }
-        if self.fail_on_panics && !std::thread::panicking() {
-            // What the readers took by now (a panic in the middle of a
-            // test is long read; one in the last milliseconds may not be).
-            let panics = self.panics();
-            assert!(
-                panics.is_empty(),
-                "a child process panicked (the test may have passed through a failover):\n{}",
-                panics.join("\n")
-            );
+        if !self.fail_on_panics {
+            return;
+        }
+        // Bounded: a grandchild that outlived its parent may hold a pipe.
+        let deadline = Instant::now() + READER_DRAIN_MAX;
+        while readers.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(POLL_EVERY);
+        }
+        let panics = self.panics();
+        if panics.is_empty() {
+            return;
+        }
+        let report = format!(
+            "a child process panicked (the test may have passed through a failover):\n{}",
+            panics.join("\n")
+        );
+        if std::thread::panicking() {
+            // The test failed already: say it, do not abort.
+            eprintln!("{report}");
+        } else {
+            panic!("{report}");
         }
     }
 }
@@ -672,14 +717,22 @@ mod tests {
     #[test]
     fn a_child_that_panicked_fails_the_drop_only_when_asked() {
         let panic_line = "thread 'main' (7) panicked at src/master.rs:1:1:";
-        let script = format!("(sleep 0.05; echo \"{panic_line}\" >&2) & echo started");
+        let script = format!(
+            "(sleep 0.05; echo \"{panic_line}\" >&2; echo 'appends are contiguous' >&2; \
+             echo 'note: run with RUST_BACKTRACE=1' >&2; printf 'bad \\377 byte\\n' >&2; \
+             echo after >&2) & echo started"
+        );
         let mut quiet = sh(1);
         quiet.start(0, ["-c", &script]).unwrap();
+        // An invalid UTF-8 byte does not end the reading; once "after" is
+        // read, so are the lines before it on the same stream.
+        quiet.wait_line(0, "after", Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            quiet.panics(),
+            vec![format!("slot 0: {panic_line}\n    appends are contiguous")],
+            "the marker line and its message, not the note"
+        );
         let deadline = Instant::now() + Duration::from_secs(30);
-        while quiet.panics().is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(quiet.panics(), vec![format!("slot 0: {panic_line}")]);
         drop(quiet);
         let mut strict = sh(1).fail_on_panics();
         strict.start(0, ["-c", &script]).unwrap();

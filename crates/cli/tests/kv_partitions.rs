@@ -660,11 +660,25 @@ impl Drop for Cluster {
         // even when a failover carried the service past it.
         let panics: Vec<String> = (0..self.members.len())
             .flat_map(|rank| {
-                let stderr = std::fs::read_to_string(self.stderr_path(rank)).unwrap_or_default();
-                stderr
-                    .lines()
-                    .filter(|l| l.contains("panicked at"))
-                    .map(|l| format!("member {rank}: {l}"))
+                let stderr = std::fs::read(self.stderr_path(rank)).unwrap_or_default();
+                let stderr = String::from_utf8_lossy(&stderr);
+                let lines: Vec<&str> = stderr.lines().collect();
+                // Each panic's marker line with its message (up to the
+                // backtrace note).
+                (0..lines.len())
+                    .filter(|&i| lines[i].contains("panicked at"))
+                    .map(|i| {
+                        let message = lines[i + 1..]
+                            .iter()
+                            .take(6)
+                            .take_while(|l| !l.starts_with("note: ") && !l.contains("panicked at"));
+                        let mut report = format!("member {rank}: {}", lines[i]);
+                        for l in message {
+                            report.push_str("\n    ");
+                            report.push_str(l);
+                        }
+                        report
+                    })
                     .collect::<Vec<_>>()
             })
             .collect();

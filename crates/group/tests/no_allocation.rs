@@ -28,7 +28,8 @@ use spindle_group::{Delivery, DeliveryMode, Group, GroupConfig, SendError};
 struct CountingAllocator;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-static FIRST: Mutex<Option<String>> = Mutex::new(None);
+/// The first counted allocation's backtrace (resolved after the window).
+static FIRST: Mutex<Option<std::backtrace::Backtrace>> = Mutex::new(None);
 
 thread_local! {
     /// This thread's allocations are counted (const-initialized: reading
@@ -39,20 +40,23 @@ thread_local! {
 fn counted() {
     if COUNTING.with(Cell::get) {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // The backtrace allocates: not counted, and only the first.
+        // Capturing allocates: not counted, and only the first (its
+        // symbols are resolved later, outside the allocator).
         COUNTING.with(|c| c.set(false));
         if let Ok(mut first) = FIRST.try_lock() {
             if first.is_none() {
-                *first = Some(std::backtrace::Backtrace::force_capture().to_string());
+                *first = Some(std::backtrace::Backtrace::force_capture());
             }
         }
         COUNTING.with(|c| c.set(true));
     }
 }
 
-// SAFETY: every call is passed to `System` unchanged; the counting only
-// touches a const thread-local and an atomic (and, once, a mutex with
-// counting off).
+// SAFETY: every call is passed to `System` unchanged. The counting reads
+// and writes a const-initialized thread-local `Cell` (no lazy init, no
+// destructor, no allocation) and an atomic; once, with counting off, it
+// takes a mutex with `try_lock` and captures a backtrace, whose own
+// allocations re-enter this allocator uncounted. Nothing in it unwinds.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         counted();
@@ -157,7 +161,24 @@ fn allocations_while_warm<F: Fabric + 'static>(
             })
         })
         .collect();
-    let ends: Vec<(u64, u64)> = members.into_iter().map(|m| m.join().expect("member")).collect();
+    // Bounded, and a member's panic is raised at once: the other one may
+    // wait at a barrier for ever (it is left behind; the process ends).
+    let mut members: Vec<Option<std::thread::JoinHandle<(u64, u64)>>> = members.into_iter().map(Some).collect();
+    let mut ends: Vec<(u64, u64)> = vec![(0, 0); MEMBERS];
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while members.iter().any(Option::is_some) {
+        for (rank, member) in members.iter_mut().enumerate() {
+            if member.as_ref().is_some_and(|m| m.is_finished()) {
+                match member.take().expect("a member").join() {
+                    Ok(end) => ends[rank] = end,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+        }
+        let waiting: Vec<usize> = (0..MEMBERS).filter(|r| members[*r].is_some()).collect();
+        assert!(Instant::now() < deadline, "members {waiting:?} did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let expected_sum: u64 = (0..WARM_UP + MEASURED).sum::<u64>() * MEMBERS as u64;
     for (rank, (delivered, sum)) in ends.iter().enumerate() {
         assert_eq!(
@@ -167,7 +188,7 @@ fn allocations_while_warm<F: Fabric + 'static>(
         );
         assert_eq!(*sum, expected_sum, "member {rank} delivered every message once");
     }
-    let first = FIRST.lock().map(|f| f.clone()).unwrap_or_default();
+    let first = FIRST.lock().ok().and_then(|mut f| f.take()).map(|b| b.to_string());
     (ALLOCATIONS.load(Ordering::Relaxed), first)
 }
 
@@ -205,10 +226,18 @@ fn sending_and_delivering_allocate_nothing_once_warm() {
         "shm, ordered",
         allocations_while_warm(|rank| Group::join_shm(config("shm"), rank).expect("join")),
     );
-    let dir = std::env::temp_dir().join(format!("noalloc-{}-persistent", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    /// Removed however the test ends.
+    struct TempDir(std::path::PathBuf);
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("noalloc-{}-persistent", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    let dir_path = dir.0.clone();
     let persistent = {
-        let dir = dir.clone();
+        let dir = dir_path;
         move |rank| {
             let mut c = config("persistent");
             c.mode = DeliveryMode::Persistent;
@@ -217,7 +246,7 @@ fn sending_and_delivering_allocate_nothing_once_warm() {
         }
     };
     check("shm, persistent", allocations_while_warm(persistent));
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     let tcp_config = config("tcp");
     let (options, listeners) = tcp_members(&tcp_config);
     let listeners = Mutex::new(listeners);

@@ -859,8 +859,9 @@ mod tests {
     /// No reply is lost, duplicated or out of order: every client's own
     /// counter counts 1, 2, 3, … in its replies, the shared counter's
     /// replies are distinct across all clients and cover 1..=total, and
-    /// its value at the end is the total. A GET pipelined behind a
-    /// client's INCRs sees them.
+    /// its value at the end is the total; each client sees the shared
+    /// counter only grow. A GET pipelined right behind a client's INCRs,
+    /// in the same write, sees them.
     #[test]
     fn pipelining_clients_get_every_reply_once_in_order() {
         use std::io::BufRead;
@@ -887,18 +888,29 @@ mod tests {
                             }
                             let mut shared = Vec::new();
                             let mut own_expected = 1;
-                            for _ in 0..BATCHES {
-                                // Two writes: a batch may span rounds.
+                            let get = format!("*2\r\n$3\r\nGET\r\n${}\r\n{own}\r\n", own.len());
+                            for b in 0..BATCHES {
+                                // Two writes: a batch may span rounds. The
+                                // last batch carries a GET right behind
+                                // its INCRs, in the same write.
                                 writer.write_all(&batch).unwrap();
-                                writer.write_all(&batch).unwrap();
+                                if b + 1 == BATCHES {
+                                    let mut last = batch.clone();
+                                    last.extend_from_slice(get.as_bytes());
+                                    writer.write_all(&last).unwrap();
+                                } else {
+                                    writer.write_all(&batch).unwrap();
+                                }
                                 for pair in read_integers(&mut reader, PER_BATCH * 2).chunks(2) {
                                     shared.push(pair[0]);
                                     assert_eq!(pair[1], own_expected, "client {c}: its own counter, in order");
                                     own_expected += 1;
                                 }
                             }
-                            let get = format!("*2\r\n$3\r\nGET\r\n${}\r\n{own}\r\n", own.len());
-                            writer.write_all(get.as_bytes()).unwrap();
+                            assert!(
+                                shared.windows(2).all(|w| w[0] < w[1]),
+                                "client {c}: the shared counter only grows in its replies"
+                            );
                             let mut line = String::new();
                             reader.read_line(&mut line).unwrap(); // $len
                             line.clear();

@@ -27,7 +27,8 @@ use spindle_runtime::IdleStrategy;
 struct CountingAllocator;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-static FIRST: Mutex<Option<String>> = Mutex::new(None);
+/// The first counted allocation's backtrace (resolved after the window).
+static FIRST: Mutex<Option<std::backtrace::Backtrace>> = Mutex::new(None);
 
 thread_local! {
     /// This thread's allocations are counted (const-initialized: reading
@@ -38,20 +39,23 @@ thread_local! {
 fn counted() {
     if COUNTING.with(Cell::get) {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // The backtrace allocates: not counted, and only the first.
+        // Capturing allocates: not counted, and only the first (its
+        // symbols are resolved later, outside the allocator).
         COUNTING.with(|c| c.set(false));
         if let Ok(mut first) = FIRST.try_lock() {
             if first.is_none() {
-                *first = Some(std::backtrace::Backtrace::force_capture().to_string());
+                *first = Some(std::backtrace::Backtrace::force_capture());
             }
         }
         COUNTING.with(|c| c.set(true));
     }
 }
 
-// SAFETY: every call is passed to `System` unchanged; the counting only
-// touches a const thread-local and an atomic (and, once, a mutex with
-// counting off).
+// SAFETY: every call is passed to `System` unchanged. The counting reads
+// and writes a const-initialized thread-local `Cell` (no lazy init, no
+// destructor, no allocation) and an atomic; once, with counting off, it
+// takes a mutex with `try_lock` and captures a backtrace, whose own
+// allocations re-enter this allocator uncounted. Nothing in it unwinds.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         counted();
@@ -140,11 +144,17 @@ fn allocations_while_appending<F: Membership>(
     for i in 0..WARM_UP {
         append(&mut leader, i);
     }
+    let head_before = leader.master.head();
     COUNTING.with(|c| c.set(true));
     for i in WARM_UP..WARM_UP + MEASURED {
         append(&mut leader, i);
     }
     COUNTING.with(|c| c.set(false));
+    let appended = leader.master.head() - head_before;
+    assert!(
+        appended >= 4 * SEGMENT_BYTES as u64,
+        "the window spans several segments: {appended} bytes appended"
+    );
     keys.clear();
     leader.stop().expect("clean stop");
     for stop in &stops {
@@ -154,7 +164,7 @@ fn allocations_while_appending<F: Membership>(
         t.join().expect("member thread").expect("member ran cleanly");
     }
     drop((leader, node));
-    let first = FIRST.lock().map(|f| f.clone()).unwrap_or_default();
+    let first = FIRST.lock().ok().and_then(|mut f| f.take()).map(|b| b.to_string());
     (ALLOCATIONS.load(Ordering::Relaxed), first)
 }
 
