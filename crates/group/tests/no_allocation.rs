@@ -11,9 +11,7 @@
 //! only `send` and the delivery callback; a view change or a join, which
 //! may allocate, happens before it.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,61 +21,7 @@ use spindle_fabric::tcp::{TcpFabric, TcpOptions};
 use spindle_fabric::Fabric;
 use spindle_group::layout::SmcLayout;
 use spindle_group::{Delivery, DeliveryMode, Group, GroupConfig, SendError};
-
-/// Counts the allocations of threads that set [`COUNTING`].
-struct CountingAllocator;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-/// The first counted allocation's backtrace (resolved after the window).
-static FIRST: Mutex<Option<std::backtrace::Backtrace>> = Mutex::new(None);
-
-thread_local! {
-    /// This thread's allocations are counted (const-initialized: reading
-    /// it allocates nothing).
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-fn counted() {
-    if COUNTING.with(Cell::get) {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // Capturing allocates: not counted, and only the first (its
-        // symbols are resolved later, outside the allocator).
-        COUNTING.with(|c| c.set(false));
-        if let Ok(mut first) = FIRST.try_lock() {
-            if first.is_none() {
-                *first = Some(std::backtrace::Backtrace::force_capture());
-            }
-        }
-        COUNTING.with(|c| c.set(true));
-    }
-}
-
-// SAFETY: every call is passed to `System` unchanged. The counting reads
-// and writes a const-initialized thread-local `Cell` (no lazy init, no
-// destructor, no allocation) and an atomic; once, with counting off, it
-// takes a mutex with `try_lock` and captures a backtrace, whose own
-// allocations re-enter this allocator uncounted. Nothing in it unwinds.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        counted();
-        // SAFETY: the caller's contract for `alloc`, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        counted();
-        // SAFETY: the caller's contract for `alloc_zeroed`, passed on.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        counted();
-        // SAFETY: the caller's contract for `realloc`, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract for `dealloc`, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use spindle_runtime::alloc_count::{self, CountingAllocator};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -136,8 +80,7 @@ fn send_and_deliver<F: Fabric>(
 fn allocations_while_warm<F: Fabric + 'static>(
     join: impl Fn(usize) -> Group<F> + Send + Sync + 'static,
 ) -> (u64, Option<String>) {
-    ALLOCATIONS.store(0, Ordering::Relaxed);
-    *FIRST.lock().expect("first") = None;
+    alloc_count::reset();
     let barrier = Arc::new(Barrier::new(MEMBERS));
     let join = Arc::new(join);
     let members: Vec<_> = (0..MEMBERS)
@@ -149,10 +92,10 @@ fn allocations_while_warm<F: Fabric + 'static>(
                 let members = MEMBERS as u64;
                 send_and_deliver(&mut group, &mut sent, WARM_UP, WARM_UP * members, &delivered, &sum);
                 barrier.wait();
-                COUNTING.with(|c| c.set(true));
+                alloc_count::count_this_thread(true);
                 let total = (WARM_UP + MEASURED) * members;
                 send_and_deliver(&mut group, &mut sent, MEASURED, total, &delivered, &sum);
-                COUNTING.with(|c| c.set(false));
+                alloc_count::count_this_thread(false);
                 barrier.wait();
                 group
                     .finish_together(&mut |_: &Delivery<'_>| {}, Duration::from_secs(30))
@@ -188,8 +131,8 @@ fn allocations_while_warm<F: Fabric + 'static>(
         );
         assert_eq!(*sum, expected_sum, "member {rank} delivered every message once");
     }
-    let first = FIRST.lock().ok().and_then(|mut f| f.take()).map(|b| b.to_string());
-    (ALLOCATIONS.load(Ordering::Relaxed), first)
+    let first = alloc_count::first_backtrace();
+    (alloc_count::allocations(), first)
 }
 
 /// The group's tcp options on loopback listeners bound to port 0.

@@ -22,28 +22,11 @@ use spindle_replica::disk::SegmentDisk;
 use spindle_replica::log::LogGeometry;
 use spindle_replica::node::{log_bytes_max, Leader, Membership, Node, NodeConfig};
 use spindle_replica::record::RecordKind;
-use spindle_replica::Mode;
-use spindle_runtime::IdleStrategy;
 
 const SEGMENT_BYTES: usize = 16 * 1024;
 
 fn config(group: &str, members: usize, backups: usize, dir: &Path) -> NodeConfig {
-    NodeConfig {
-        group: group.to_string(),
-        members,
-        backups,
-        mode: Mode::OneSided,
-        geometry: LogGeometry {
-            segment_bytes: SEGMENT_BYTES,
-            segments_max: 4,
-        },
-        value_bytes_max: 2048,
-        memory_bytes_max: 64 << 20,
-        data_dir: dir.to_path_buf(),
-        idle: IdleStrategy::DEFAULT_BACKOFF,
-        join_timeout: Duration::from_secs(30),
-        lease: spindle_replica::node::LEASE_DEFAULT,
-    }
+    common::node_config(group, members, backups, SEGMENT_BYTES, dir)
 }
 
 /// A member not leading: its rank, its stop flag, its thread.

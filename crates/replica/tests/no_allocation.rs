@@ -10,73 +10,14 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use spindle_replica::log::LogGeometry;
 use spindle_replica::node::{Leader, Membership, Node, NodeConfig};
 use spindle_replica::record::RecordKind;
-use spindle_replica::Mode;
-use spindle_runtime::IdleStrategy;
-
-/// Counts the allocations of threads that set [`COUNTING`].
-struct CountingAllocator;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-/// The first counted allocation's backtrace (resolved after the window).
-static FIRST: Mutex<Option<std::backtrace::Backtrace>> = Mutex::new(None);
-
-thread_local! {
-    /// This thread's allocations are counted (const-initialized: reading
-    /// it allocates nothing).
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-fn counted() {
-    if COUNTING.with(Cell::get) {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // Capturing allocates: not counted, and only the first (its
-        // symbols are resolved later, outside the allocator).
-        COUNTING.with(|c| c.set(false));
-        if let Ok(mut first) = FIRST.try_lock() {
-            if first.is_none() {
-                *first = Some(std::backtrace::Backtrace::force_capture());
-            }
-        }
-        COUNTING.with(|c| c.set(true));
-    }
-}
-
-// SAFETY: every call is passed to `System` unchanged. The counting reads
-// and writes a const-initialized thread-local `Cell` (no lazy init, no
-// destructor, no allocation) and an atomic; once, with counting off, it
-// takes a mutex with `try_lock` and captures a backtrace, whose own
-// allocations re-enter this allocator uncounted. Nothing in it unwinds.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        counted();
-        // SAFETY: the caller's contract for `alloc`, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        counted();
-        // SAFETY: the caller's contract for `alloc_zeroed`, passed on.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        counted();
-        // SAFETY: the caller's contract for `realloc`, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract for `dealloc`, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use spindle_runtime::alloc_count::{self, CountingAllocator};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -88,22 +29,7 @@ const WARM_UP: u64 = 2_000;
 const MEASURED: u64 = 5_000;
 
 fn config(group: &str, dir: &Path) -> NodeConfig {
-    NodeConfig {
-        group: group.to_string(),
-        members: MEMBERS,
-        backups: BACKUPS,
-        mode: Mode::OneSided,
-        geometry: LogGeometry {
-            segment_bytes: SEGMENT_BYTES,
-            segments_max: 4,
-        },
-        value_bytes_max: 2048,
-        memory_bytes_max: 64 << 20,
-        data_dir: dir.to_path_buf(),
-        idle: IdleStrategy::DEFAULT_BACKOFF,
-        join_timeout: Duration::from_secs(30),
-        lease: spindle_replica::node::LEASE_DEFAULT,
-    }
+    common::node_config(group, MEMBERS, BACKUPS, SEGMENT_BYTES, dir)
 }
 
 /// Start every member on its own thread, take the leader, append
@@ -114,8 +40,7 @@ fn config(group: &str, dir: &Path) -> NodeConfig {
 fn allocations_while_appending<F: Membership>(
     open: Arc<dyn Fn(usize) -> Result<Node<F>, String> + Send + Sync>,
 ) -> (u64, Option<String>) {
-    ALLOCATIONS.store(0, Ordering::Relaxed);
-    *FIRST.lock().expect("first") = None;
+    alloc_count::reset();
     let (tx, leaders) = mpsc::channel::<(Leader<F>, Node<F>)>();
     let stops: Vec<Arc<AtomicBool>> = (0..MEMBERS).map(|_| Arc::new(AtomicBool::new(false))).collect();
     let threads: Vec<_> = (0..MEMBERS)
@@ -145,11 +70,11 @@ fn allocations_while_appending<F: Membership>(
         append(&mut leader, i);
     }
     let head_before = leader.master.head();
-    COUNTING.with(|c| c.set(true));
+    alloc_count::count_this_thread(true);
     for i in WARM_UP..WARM_UP + MEASURED {
         append(&mut leader, i);
     }
-    COUNTING.with(|c| c.set(false));
+    alloc_count::count_this_thread(false);
     let appended = leader.master.head() - head_before;
     assert!(
         appended >= 4 * SEGMENT_BYTES as u64,
@@ -164,8 +89,8 @@ fn allocations_while_appending<F: Membership>(
         t.join().expect("member thread").expect("member ran cleanly");
     }
     drop((leader, node));
-    let first = FIRST.lock().ok().and_then(|mut f| f.take()).map(|b| b.to_string());
-    (ALLOCATIONS.load(Ordering::Relaxed), first)
+    let first = alloc_count::first_backtrace();
+    (alloc_count::allocations(), first)
 }
 
 /// One test for both fabrics, one after the other (the counters are

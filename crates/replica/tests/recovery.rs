@@ -5,37 +5,25 @@
 //! next write — part of the record copied to some backups, nothing
 //! published — and a backup must recover every acknowledged write.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use spindle_replica::log::LogGeometry;
 use spindle_replica::node::{Leader, Node, NodeConfig};
 use spindle_replica::record::{encoded_len, RecordKind};
 use spindle_replica::Mode;
-use spindle_runtime::IdleStrategy;
 
 /// The simulator's generator: a seed reproduces the run.
 use spindle_fabric::sim::SimRng as Rng;
 
 fn config(group: &str, members: usize, mode: Mode, dir: &std::path::Path) -> NodeConfig {
     NodeConfig {
-        group: group.to_string(),
-        members,
-        backups: members - 1,
         mode,
-        geometry: LogGeometry {
-            segment_bytes: 16 * 1024,
-            segments_max: 4,
-        },
-        value_bytes_max: 2048,
-        memory_bytes_max: 64 << 20,
-        data_dir: dir.to_path_buf(),
-        idle: IdleStrategy::DEFAULT_BACKOFF,
-        join_timeout: Duration::from_secs(30),
-        lease: spindle_replica::node::LEASE_DEFAULT,
+        ..common::node_config(group, members, members - 1, 16 * 1024, dir)
     }
 }
 

@@ -16,6 +16,8 @@
 //!   - **shared**: one progress thread runs every agent in turn;
 //!   - **invoker**: no thread; the caller calls `do_work` itself (tests,
 //!     the simulator, single-threaded programs, benchmarks on few cores);
+//! - [`alloc_count`]: a counting global allocator for the tests that
+//!   check a path allocates nothing;
 //! - [`idle`]: what a progress loop does after a pass that found no work.
 //!   [`IdleStrategy::Backoff`] spins (the cheapest wake-up), then yields
 //!   (so members sharing the cores run), then parks on the fabric's
@@ -42,6 +44,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod agent;
+pub mod alloc_count;
 pub mod clock;
 pub mod idle;
 
