@@ -681,7 +681,13 @@ fn progress_loop(mut group: Group<DdsApp>, shared: Arc<ParticipantShared>) {
             if now.saturating_sub(last_tick_ns) >= TICK_NS {
                 last_tick_ns = now;
                 group.app_mut().tick(realtime_ns());
-                *shared.view.lock().expect("view lock") = group.view();
+                // Copied only when it changed: a copy allocates (its
+                // member lists), and this runs every tick.
+                let view_id = group.inner().core().view();
+                let mut view = shared.view.lock().expect("view lock");
+                if view.id != view_id {
+                    *view = group.view();
+                }
             }
         }
         group.pause_receive(false);
