@@ -77,8 +77,6 @@ pub type View = (Option<u64>, (u64, usize));
 
 /// What one tick saw.
 struct TickSeen {
-    /// Every member's failover words, as read before the step.
-    rows: Vec<ControlRow>,
     /// The step moved the view.
     view_moved: bool,
     /// The members found gone for certain in this tick (a bit per rank).
@@ -136,6 +134,8 @@ fn run<F: Membership>(weak: Weak<Driver<F>>) {
     let mut sent = ControlRow::default();
     // The rows of the last tick, and for how many ticks nothing but the
     // heartbeats moved in them (module docs: ticks).
+    // Two buffers, swapped each tick: no allocation per tick.
+    let mut rows: Vec<ControlRow> = Vec::new();
     let mut rows_last: Vec<ControlRow> = Vec::new();
     let mut still_ticks = 0u32;
     // The members seen gone for certain so far (a new death is movement).
@@ -145,7 +145,7 @@ fn run<F: Membership>(weak: Weak<Driver<F>>) {
     loop {
         let Some(driver) = weak.upgrade() else { return };
         let timing = driver.engine().timing();
-        let seen = driver.tick(&mut last_death_check_ns);
+        let seen = driver.tick(&mut last_death_check_ns, &mut rows);
         let row = driver.engine().row();
         let now = monotonic_ns();
         let due = now.saturating_sub(last_push_ns) >= timing.heartbeat_ns;
@@ -159,7 +159,6 @@ fn run<F: Membership>(weak: Weak<Driver<F>>) {
             sent = row;
             last_push_ns = now;
         }
-        let rows = seen.rows;
         let new_death = seen.gone & !gone_seen != 0;
         gone_seen |= seen.gone;
         let moved = seen.view_moved
@@ -174,7 +173,7 @@ fn run<F: Membership>(weak: Weak<Driver<F>>) {
         } else {
             still_ticks.saturating_add(1)
         };
-        rows_last = rows;
+        std::mem::swap(&mut rows, &mut rows_last);
         let tick = if still_ticks >= QUIET_AFTER_TICKS {
             quiet_tick(&timing)
         } else {
@@ -219,27 +218,27 @@ impl<F: Membership> Driver<F> {
         self.engine.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn read_rows(&self) -> Vec<ControlRow> {
+    /// Every member's failover words into `rows` (its capacity reused).
+    fn read_rows(&self, rows: &mut Vec<ControlRow>) {
         let col = &self.layout.failover;
-        (0..self.fabric.member_count())
-            .map(|r| {
-                let row = self.fabric.row(r);
-                // Partner: the Release stores in `publish`, by member r.
-                let w = |i: usize| row.u64_at(col.offset(i)).load(Ordering::Acquire);
-                ControlRow {
-                    promise: w(0),
-                    beat: w(1),
-                    established: w(2),
-                    campaign: w(3),
-                }
-            })
-            .collect()
+        rows.clear();
+        rows.extend((0..self.fabric.member_count()).map(|r| {
+            let row = self.fabric.row(r);
+            // Partner: the Release stores in `publish`, by member r.
+            let w = |i: usize| row.u64_at(col.offset(i)).load(Ordering::Acquire);
+            ControlRow {
+                promise: w(0),
+                beat: w(1),
+                established: w(2),
+                campaign: w(3),
+            }
+        }));
     }
 
     /// One step of the engine ([`TickSeen`]; a waiter on the view was
     /// woken if it moved).
-    fn tick(&self, last_death_check_ns: &mut u64) -> TickSeen {
-        let rows = self.read_rows();
+    fn tick(&self, last_death_check_ns: &mut u64, rows: &mut Vec<ControlRow>) -> TickSeen {
+        self.read_rows(rows);
         let mut engine = self.engine();
         let view_before = view_of(&engine);
         let mut gone = 0u64;
@@ -263,7 +262,7 @@ impl<F: Membership> Driver<F> {
         // The time is taken after the rows were read (a follower's timer
         // must not start before what it saw).
         let now = monotonic_ns();
-        engine.step(&rows, now);
+        engine.step(rows, now);
         // A backup of epoch e claims e once its log holds e's whole snapshot.
         let backup_of = self.backup_of.load(Ordering::Acquire);
         if let Some(e) = backup_of.checked_sub(1) {
@@ -288,7 +287,7 @@ impl<F: Membership> Driver<F> {
         if view_moved {
             self.wake_view_waiter();
         }
-        TickSeen { rows, view_moved, gone }
+        TickSeen { view_moved, gone }
     }
 
     /// The view the data path follows now ([`View`]).

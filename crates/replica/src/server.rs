@@ -222,6 +222,8 @@ struct Service<'a, F: Membership> {
     command_limits: CommandLimits,
     /// A request is at most a few bulk strings over the value bound.
     buffer_bytes_max: usize,
+    /// The parsed request's argument ranges (reused by every batch).
+    arg_ranges: Vec<std::ops::Range<usize>>,
 }
 
 impl<F: Membership> Service<'_, F> {
@@ -343,6 +345,7 @@ pub fn serve<F: Membership>(
         command_limits: CommandLimits {
             value_bytes_max: options.value_bytes_max,
         },
+        arg_ranges: Vec::with_capacity(16),
     };
     let mut clients: Vec<Option<Client>> = Vec::new();
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_ROUND_MAX];
@@ -611,7 +614,10 @@ fn execute_batch<F: Membership>(
     let leader = &mut service.leader;
     let head_before = (leader.master.epoch(), leader.master.head());
     leader.master.set_deferred(true);
-    let (mut used, mut close, mut ranges) = (0, false, Vec::new());
+    // The argument ranges' buffer, kept between batches: no allocation
+    // per batch once it has grown to the longest request's argument count.
+    let mut ranges = std::mem::take(&mut service.arg_ranges);
+    let (mut used, mut close) = (0, false);
     // The master's clock decides expiry (see the command module).
     let now_ms = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -651,6 +657,7 @@ fn execute_batch<F: Membership>(
     }
     leader.master.set_deferred(false);
     let wrote = (leader.master.epoch(), leader.master.head()) != head_before;
+    service.arg_ranges = ranges;
     (used, close, wrote)
 }
 
