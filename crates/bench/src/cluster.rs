@@ -303,8 +303,10 @@ impl Cluster {
                         o.push_str(&line);
                         o.push('\n');
                     }
-                    if let Ok(mut p) = panics.lock() {
-                        if line.contains(PANIC_MARKER) && p.len() < PANIC_LINES_KEPT {
+                    let marker = line.contains(PANIC_MARKER);
+                    // The lock only for a panic's lines, not every line.
+                    if let Some(mut p) = (marker || message_lines_left > 0).then(|| panics.lock().ok()).flatten() {
+                        if marker && p.len() < PANIC_LINES_KEPT {
                             p.push(format!("slot {slot}: {line}"));
                             message_lines_left = PANIC_MESSAGE_LINES_MAX;
                         } else if message_lines_left > 0 {

@@ -132,9 +132,9 @@ fn run<F: Membership>(weak: Weak<Driver<F>>) {
     let mut last_push_ns = 0u64;
     let mut last_death_check_ns = 0u64;
     let mut sent = ControlRow::default();
-    // The rows of the last tick, and for how many ticks nothing but the
-    // heartbeats moved in them (module docs: ticks).
-    // Two buffers, swapped each tick: no allocation per tick.
+    // This tick's rows and the last tick's (two buffers, swapped each
+    // tick: no allocation per tick), and for how many ticks nothing but
+    // the heartbeats moved in them (module docs: ticks).
     let mut rows: Vec<ControlRow> = Vec::new();
     let mut rows_last: Vec<ControlRow> = Vec::new();
     let mut still_ticks = 0u32;
