@@ -4,8 +4,10 @@
 # clients), each `redis-benchmark -t set -n N -c CLIENTS -P 16` against
 # `spindle kv serve --backups 3 --mode one-sided`. Records SET/s, the p50,
 # the service's `group_commit_*` counters from INFO (a binary without them
-# records none: main has none; the experiment of 2026-12-02 had them) and
-# the share of the 2 vCPUs busy during the run
+# records none: main has none; the experiment of 2026-12-02 had them), the
+# epoch the run ended in (every epoch after 0 is a roll), the rolls'
+# counters and pauses (`log_cleanings`, `roll_pause_us_*`, where INFO has
+# them), the p99 and max latency, and the share of the 2 vCPUs busy during the run
 # (/proc/stat). Writes OUT.json (every run, the medians and after/before
 # per case) and prints a table; OUT.json.rows keeps every run's raw row.
 #   [ROUNDS=4] [N=300000] [CASES="tcp:memory:4 tcp:memory:50 tcp:disk:50 shm:memory:50"] \
@@ -58,7 +60,7 @@ for round in $(seq 1 "$ROUNDS"); do
       line=$(redis-benchmark -h 127.0.0.1 -p $port -t set -n "$N" -c "$clients" -P 16 -q --csv 2>/dev/null | tail -n 1) \
         || { echo "redis-benchmark failed ($side, $case)" >&2; exit 1; }
       read -r b1 i1 < <(busy)
-      stats=$(redis-cli -p $port info 2>/dev/null | tr -d '\r' | awk -F: '/^group_commit_/ { printf "%s=%s ", $1, $2 }' || true)
+      stats=$(redis-cli -p $port info 2>/dev/null | tr -d '\r' | awk -F: '/^(group_commit_|log_cleanings|roll_pause_us_|epoch:)/ { printf "%s=%s ", $1, $2 }' || true)
       kill "$sp" 2>/dev/null || true; wait "$sp" 2>/dev/null || true; sp=
       rm -rf "$work/d$port"
       echo "$round $side $transport $durability $clients $line $(( 100 * (b1 - b0) / (b1 - b0 + i1 - i0) )) $stats" >> "$rows"
@@ -76,6 +78,7 @@ for line in open(rows_path):
     stats = dict(kv.split('=') for kv in f[7:])
     runs.append({"round": int(f[0]), "binary": f[1], "transport": f[2], "durability": f[3],
                  "clients": int(f[4]), "set_per_s": float(csv[1]), "p50_ms": float(csv[4]),
+                 "p99_ms": float(csv[6]), "max_ms": float(csv[7]),
                  "cpu_busy_percent": int(f[6]), **{k: int(v) for k, v in stats.items()}})
 cases = []
 for key in sorted({(r["transport"], r["durability"], r["clients"]) for r in runs}):

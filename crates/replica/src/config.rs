@@ -19,6 +19,7 @@
 //! data_dir = "/var/tmp/spindle-kv"
 //! segment_bytes = 2_097_152
 //! segments = 4              # per backup, in memory
+//! clean_slack_segments = 16 # clean (roll) once an epoch's log is 2 × live + this many segments
 //! value_bytes_max = 1_048_576
 //! memory_bytes_max = 268_435_456
 //! clients_max = 1024       # one more client is told "max number of clients reached"
@@ -54,6 +55,9 @@ pub struct ServiceConfig {
     pub geometry: LogGeometry,
     pub value_bytes_max: usize,
     pub memory_bytes_max: usize,
+    /// Log cleaning: roll once the epoch's log is longer than twice the
+    /// live data plus this many segments ([`crate::node::log_bytes_max`]).
+    pub clean_slack_segments: u64,
     pub clients_max: usize,
     /// Close a client that sends no complete request for this long (idle
     /// or a request left half-sent); zero: never.
@@ -111,6 +115,10 @@ impl Transport {
     }
 }
 
+/// The most `clean_slack_segments` a configuration may ask for (a backup
+/// keeps up to about three epochs of log on disk).
+pub const CLEAN_SLACK_SEGMENTS_MAX: u64 = 4096;
+
 /// Defaults (the same in code, in the docs above and in `--help`).
 pub mod defaults {
     pub const BACKUPS: usize = 3;
@@ -119,6 +127,8 @@ pub mod defaults {
     pub const PORT: u16 = 6380;
     pub const SEGMENT_BYTES: usize = 2 << 20;
     pub const SEGMENTS: usize = 4;
+    /// See [`crate::node::CLEAN_SLACK_SEGMENTS_DEFAULT`].
+    pub const CLEAN_SLACK_SEGMENTS: u64 = crate::node::CLEAN_SLACK_SEGMENTS_DEFAULT;
     pub const VALUE_BYTES_MAX: usize = 1 << 20;
     pub const MEMORY_BYTES_MAX: usize = 256 << 20;
     pub const CLIENTS_MAX: usize = 1024;
@@ -148,6 +158,7 @@ impl ServiceConfig {
             },
             value_bytes_max: defaults::VALUE_BYTES_MAX,
             memory_bytes_max: defaults::MEMORY_BYTES_MAX,
+            clean_slack_segments: defaults::CLEAN_SLACK_SEGMENTS,
             clients_max: defaults::CLIENTS_MAX,
             idle_timeout: std::time::Duration::from_secs(defaults::IDLE_TIMEOUT_S),
             lease: crate::node::LEASE_DEFAULT,
@@ -205,6 +216,7 @@ impl ServiceConfig {
                 "segments" => c.geometry.segments_max = int()?,
                 "value_bytes_max" => c.value_bytes_max = int()?,
                 "memory_bytes_max" => c.memory_bytes_max = int()?,
+                "clean_slack_segments" => c.clean_slack_segments = int()? as u64,
                 "clients_max" => c.clients_max = int()?,
                 "idle_timeout_s" => c.idle_timeout = std::time::Duration::from_secs(int()? as u64),
                 "lease_ms" => c.lease = std::time::Duration::from_millis(int()? as u64),
@@ -266,6 +278,13 @@ impl ServiceConfig {
                 self.lease.as_millis()
             ));
         }
+        if !(1..=CLEAN_SLACK_SEGMENTS_MAX).contains(&self.clean_slack_segments) {
+            return Err(format!(
+                "clean_slack_segments = {}: expected 1..={CLEAN_SLACK_SEGMENTS_MAX} (segments of log \
+                 beyond twice the live data before the log is cleaned)",
+                self.clean_slack_segments
+            ));
+        }
         if self.memory_bytes_max < 1024 {
             return Err(format!(
                 "memory_bytes_max = {}: expected at least 1024",
@@ -313,7 +332,7 @@ impl ServiceConfig {
 
     fn to_text_but_durability(&self) -> String {
         format!(
-            "group = \"{}\"\ntransport = \"{}\"\npeers = \"{}\"\nkey = \"{}\"\nspares = {}\nbackups = {}\nmode = \"{}\"\nbind = \"{}\"\nport = {}\ndata_dir = \"{}\"\nsegment_bytes = {}\nsegments = {}\nvalue_bytes_max = {}\nmemory_bytes_max = {}\nclients_max = {}\nidle_timeout_s = {}\nlease_ms = {}\n",
+            "group = \"{}\"\ntransport = \"{}\"\npeers = \"{}\"\nkey = \"{}\"\nspares = {}\nbackups = {}\nmode = \"{}\"\nbind = \"{}\"\nport = {}\ndata_dir = \"{}\"\nsegment_bytes = {}\nsegments = {}\nvalue_bytes_max = {}\nmemory_bytes_max = {}\nclean_slack_segments = {}\nclients_max = {}\nidle_timeout_s = {}\nlease_ms = {}\n",
             self.group,
             self.transport.as_str(),
             self.peers.join(","),
@@ -328,6 +347,7 @@ impl ServiceConfig {
             self.geometry.segments_max,
             self.value_bytes_max,
             self.memory_bytes_max,
+            self.clean_slack_segments,
             self.clients_max,
             self.idle_timeout.as_secs(),
             self.lease.as_millis()
@@ -347,6 +367,7 @@ impl ServiceConfig {
             geometry: self.geometry,
             value_bytes_max: self.value_bytes_max,
             memory_bytes_max: self.memory_bytes_max,
+            clean_slack_segments: self.clean_slack_segments,
             data_dir: self.data_dir.clone(),
             idle: spindle_runtime::IdleStrategy::DEFAULT_BACKOFF,
             join_timeout,
@@ -424,6 +445,25 @@ mod tests {
         assert!(ServiceConfig::parse("transport = \"udp\"")
             .unwrap_err()
             .contains("'udp'"));
+    }
+
+    #[test]
+    fn clean_slack_parses_round_trips_reaches_the_node_and_refuses_zero() {
+        assert_eq!(
+            ServiceConfig::local_default().clean_slack_segments,
+            crate::node::CLEAN_SLACK_SEGMENTS_DEFAULT
+        );
+        let c = ServiceConfig::parse("clean_slack_segments = 4\n").unwrap();
+        assert_eq!(c.clean_slack_segments, 4);
+        assert_eq!(ServiceConfig::parse(&c.to_text()).unwrap(), c, "to_text keeps it");
+        assert_eq!(c.node_config(std::time::Duration::from_secs(1)).clean_slack_segments, 4);
+        for bad in ["0", "4097"] {
+            let e = ServiceConfig::parse(&format!("clean_slack_segments = {bad}\n")).unwrap_err();
+            assert!(
+                e.contains(&format!("clean_slack_segments = {bad}")) && e.contains("1..=4096"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -123,6 +123,10 @@ pub struct NodeConfig {
     pub geometry: LogGeometry,
     pub value_bytes_max: usize,
     pub memory_bytes_max: usize,
+    /// Log cleaning: the master rolls once the epoch's log is longer than
+    /// twice the live data plus this many segments ([`log_bytes_max`];
+    /// default [`CLEAN_SLACK_SEGMENTS_DEFAULT`]).
+    pub clean_slack_segments: u64,
     /// Each member keeps its segments in `<data_dir>/member-<rank>`; what
     /// is there at open is recovered (restart after a total stop).
     pub data_dir: PathBuf,
@@ -149,18 +153,35 @@ impl NodeConfig {
 
 /// When the master rolls to a new epoch to clean its log: once the
 /// epoch's log is longer than `LOG_LIVE_FACTOR` × the live objects' log
-/// bytes plus `LOG_SLACK_SEGMENTS` segments. The disk of a backup then
-/// holds at most two epochs of at most that many bytes each.
+/// bytes plus `clean_slack_segments` segments. The disk of a backup then
+/// holds at most about three epochs of at most that many bytes each.
 pub const LOG_LIVE_FACTOR: u64 = 2;
-pub const LOG_SLACK_SEGMENTS: u64 = 2;
+
+/// The default slack of log cleaning, in segments (32 MiB with the
+/// default 2 MiB segments).
+///
+/// The slack pays for the roll's fixed cost, which does not shrink with
+/// the live data: a majority's promise of the new epoch, every backup's
+/// seal (its open segment and the `sealed` marker written with fsync) and
+/// the backups following again, 15-90 ms in all with 3 backups on this
+/// project's 2-vCPU VM (bench/RESULTS-replica.md, "The pause of a
+/// cleaning roll"). With 2 segments of slack, a few hot keys (every
+/// `redis-benchmark -t set` writes one key) rolled every 4 MiB of log,
+/// 4-7 times a second, and writes waited in rolls a tenth of the time;
+/// with 16, 8× less often. The price: up to that much more log per epoch
+/// on a backup's disk and to replay at a failover or restart (measured
+/// on shm: a failover 28-43 ms with 3.5 MiB of log, 115-190 ms with
+/// 28 MiB). A service that must fail over fast and overwrites a few keys
+/// at a high rate sets it lower.
+pub const CLEAN_SLACK_SEGMENTS_DEFAULT: u64 = 16;
 /// How often the master looks for dead backups (a system call per
 /// backup on shm), at most.
 pub const CHECK_INTERVAL_NS: u64 = 10_000_000;
 
 /// The log length at which a master with `objects` rolls (cleans).
-pub fn log_bytes_max(objects: &ObjectMap, geometry: &LogGeometry) -> u64 {
+pub fn log_bytes_max(objects: &ObjectMap, geometry: &LogGeometry, clean_slack_segments: u64) -> u64 {
     let live = objects.bytes() as u64 + objects.len() as u64 * HEADER_BYTES as u64;
-    LOG_LIVE_FACTOR * live + LOG_SLACK_SEGMENTS * geometry.segment_bytes as u64
+    LOG_LIVE_FACTOR * live + clean_slack_segments * geometry.segment_bytes as u64
 }
 
 /// A member that has become the master: its log writer and its objects.
@@ -173,11 +194,17 @@ pub struct Leader<F: Membership = ShmFabric> {
     driver: Arc<Driver<F>>,
     backups_wanted: usize,
     geometry: LogGeometry,
+    clean_slack_segments: u64,
     last_check_ns: u64,
     /// Epoch rolls done to clean the log.
     pub cleanings: u64,
     /// Dead backups replaced by spares.
     pub replacements: u64,
+    /// How long the last roll (cleaning, replacement or a dropped backup)
+    /// held writes, from asking for the epoch to its snapshot on every
+    /// backup; and the longest so far (`INFO`: `roll_pause_us_*`).
+    pub roll_pause_ns_last: u64,
+    pub roll_pause_ns_max: u64,
 }
 
 /// What a new master replayed.
@@ -653,9 +680,12 @@ impl<F: Membership> Node<F> {
             driver: self.driver.clone(),
             backups_wanted: self.config.backups,
             geometry: self.config.geometry,
+            clean_slack_segments: self.config.clean_slack_segments,
             last_check_ns: monotonic_coarse_ns(),
             cleanings: 0,
             replacements: 0,
+            roll_pause_ns_last: 0,
+            roll_pause_ns_max: 0,
         };
         if leader.master.backups().is_empty() {
             // Nothing to replicate to: serve reads; writes are refused
@@ -708,7 +738,7 @@ impl<F: Membership> Leader<F> {
     /// takes to copy them. An error leaves the master unable to answer.
     pub fn maintain(&mut self) -> Result<(), String> {
         let now = monotonic_coarse_ns();
-        let too_long = self.master.head() > log_bytes_max(&self.objects, &self.geometry);
+        let too_long = self.master.head() > log_bytes_max(&self.objects, &self.geometry, self.clean_slack_segments);
         if !too_long && !self.master.dropped() && now.saturating_sub(self.last_check_ns) < CHECK_INTERVAL_NS {
             return Ok(());
         }
@@ -745,6 +775,7 @@ impl<F: Membership> Leader<F> {
     /// the log moves and starts with a snapshot; the epoch is established
     /// once every backup holds it.
     fn roll(&mut self, backups: Vec<usize>) -> Result<(), String> {
+        let started_ns = spindle_runtime::monotonic_ns();
         let old = self.master.epoch();
         {
             let mut engine = self.driver.engine();
@@ -786,6 +817,8 @@ impl<F: Membership> Leader<F> {
             self.write_snapshot()?;
         }
         self.establish();
+        self.roll_pause_ns_last = spindle_runtime::monotonic_ns().saturating_sub(started_ns);
+        self.roll_pause_ns_max = self.roll_pause_ns_max.max(self.roll_pause_ns_last);
         Ok(())
     }
 

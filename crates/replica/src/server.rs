@@ -618,6 +618,12 @@ fn execute_batch<F: Membership>(
     // per batch once it has grown to the longest request's argument count.
     let mut ranges = std::mem::take(&mut service.arg_ranges);
     let (mut used, mut close) = (0, false);
+    let rolls = Rolls {
+        cleanings: leader.cleanings,
+        replacements: leader.replacements,
+        pause_ns_last: leader.roll_pause_ns_last,
+        pause_ns_max: leader.roll_pause_ns_max,
+    };
     // The master's clock decides expiry (see the command module).
     let now_ms = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -633,7 +639,7 @@ fn execute_batch<F: Membership>(
                 };
                 let (mode, epoch) = (master.mode().as_str(), master.epoch());
                 let (backups, head) = (master.backups().len(), master.head());
-                let info = |o: &ObjectMap| info_text(mode, epoch, backups, head, o, &service.info_extra);
+                let info = |o: &ObjectMap| info_text(mode, epoch, backups, head, &rolls, o, &service.info_extra);
                 let mut ctx = Context {
                     objects,
                     log: master,
@@ -674,16 +680,36 @@ fn commit<F: Membership>(leader: &mut Leader<F>) -> Result<(), String> {
         .and_then(|()| leader.wait_answerable())
 }
 
+/// The master's epoch rolls so far, for `INFO` (copied once per batch).
+struct Rolls {
+    cleanings: u64,
+    replacements: u64,
+    pause_ns_last: u64,
+    pause_ns_max: u64,
+}
+
 /// The `INFO` reply (the fields `spindle kv serve` reports).
 /// It says the server is Spindle, which Redis version its replies follow
 /// (`redis_version`, which some clients read) and which Redis commands
 /// it implements (`redis_commands`); everything else is an unknown
 /// command.
-fn info_text(store_mode: &str, epoch: u64, backups: usize, head: u64, objects: &ObjectMap, extra: &str) -> String {
+fn info_text(
+    store_mode: &str,
+    epoch: u64,
+    backups: usize,
+    head: u64,
+    rolls: &Rolls,
+    objects: &ObjectMap,
+    extra: &str,
+) -> String {
     format!(
-        "# Server\r\nserver_name:spindle\r\nspindle_version:{}\r\nredis_version:{REDIS_COMPAT_VERSION}\r\nredis_compatibility:a subset of Redis {REDIS_COMPAT_VERSION}: strings only, one database, no persistence commands, no pub/sub, no transactions\r\nredis_commands:{}\r\nredis_mode:standalone\r\n# Replication\r\nrole:master\r\nreplication_mode:{store_mode}\r\nepoch:{epoch}\r\nconnected_slaves:{backups}\r\nlog_head:{head}\r\n{extra}# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
+        "# Server\r\nserver_name:spindle\r\nspindle_version:{}\r\nredis_version:{REDIS_COMPAT_VERSION}\r\nredis_compatibility:a subset of Redis {REDIS_COMPAT_VERSION}: strings only, one database, no persistence commands, no pub/sub, no transactions\r\nredis_commands:{}\r\nredis_mode:standalone\r\n# Replication\r\nrole:master\r\nreplication_mode:{store_mode}\r\nepoch:{epoch}\r\nconnected_slaves:{backups}\r\nlog_head:{head}\r\nlog_cleanings:{}\r\nbackup_replacements:{}\r\nroll_pause_us_last:{}\r\nroll_pause_us_max:{}\r\n{extra}# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\n# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
         env!("CARGO_PKG_VERSION"),
         command_list(),
+        rolls.cleanings,
+        rolls.replacements,
+        rolls.pause_ns_last / 1_000,
+        rolls.pause_ns_max / 1_000,
         objects.bytes(),
         objects.bytes_max(),
         objects.len(),
@@ -714,6 +740,7 @@ mod tests {
             },
             value_bytes_max: 2048,
             memory_bytes_max: 64 << 20,
+            clean_slack_segments: crate::node::CLEAN_SLACK_SEGMENTS_DEFAULT,
             data_dir: dir.to_path_buf(),
             idle: IdleStrategy::DEFAULT_BACKOFF,
             join_timeout: Duration::from_secs(30),

@@ -51,6 +51,7 @@ fn config(group: &str, members: usize, dir: &Path) -> NodeConfig {
         geometry: GEOMETRY,
         value_bytes_max: 2048,
         memory_bytes_max: 64 << 20,
+        clean_slack_segments: spindle_replica::node::CLEAN_SLACK_SEGMENTS_DEFAULT,
         data_dir: dir.to_path_buf(),
         idle: IdleStrategy::DEFAULT_BACKOFF,
         join_timeout: WAIT,

@@ -244,29 +244,50 @@ fn a_spare_replaces_a_dead_backup_and_holds_every_write() {
     assert!(last.master.backups().is_empty(), "nobody left to back it up");
 }
 
-#[test]
-fn overwrites_stay_within_a_bound_of_segments() {
+/// Overwrite 20 keys 1500 times each with ~200 B values (~8 MB of log,
+/// ~500 segments without cleaning) under `clean_slack_segments = slack`:
+/// after every write the epoch's log is within the cleaning bound (one
+/// record past it at most), and every backup's disk within three epochs
+/// of it; a failover then recovers every write. Returns the cleanings.
+fn overwrite_hot_keys(slack: u64) -> u64 {
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
-    let group = group_name("clean");
-    let mut cluster = Cluster::start(3, shm_opener(&group.0, 3, 2, dir.path()));
+    let group = group_name(&format!("clean{slack}"));
+    let open: Opener<ShmFabric> = {
+        let (group, dir) = (group.0.clone(), dir.path().to_path_buf());
+        Arc::new(move |rank| {
+            Node::open(
+                NodeConfig {
+                    clean_slack_segments: slack,
+                    ..config(&group, 3, 2, &dir)
+                },
+                rank,
+            )
+        })
+    };
+    let mut cluster = Cluster::start(3, open);
     let mut model = HashMap::new();
     let geometry = LogGeometry {
         segment_bytes: SEGMENT_BYTES,
         segments_max: 4,
     };
-    // 20 keys overwritten 1500 times each with ~200 B values: ~8 MB of
-    // log, ~500 segments without cleaning.
     let mut bound = 0;
     for round in 0..1500 {
         for k in 0..20 {
             let value = vec![b'a' + (round % 26) as u8; 150 + (round * 7 + k) % 100];
             write(cluster.leader(), &mut model, format!("hot{k}").as_bytes(), &value);
+            let leader = cluster.leader();
+            let epoch_max = log_bytes_max(&leader.objects, &geometry, slack);
+            assert!(
+                leader.master.head() <= epoch_max + 512,
+                "log cleaning: the epoch's log is {} bytes, past its bound {epoch_max} (slack {slack})",
+                leader.master.head()
+            );
         }
         let leader = cluster.leader();
         // A backup holds the previous epoch, the current one, and until
         // the current snapshot is on its disk the one before: each at most
         // log_bytes_max long (+1 segment for the record crossing it).
-        let per_epoch = log_bytes_max(&leader.objects, &geometry) / SEGMENT_BYTES as u64 + 2;
+        let per_epoch = log_bytes_max(&leader.objects, &geometry, slack) / SEGMENT_BYTES as u64 + 2;
         bound = 3 * per_epoch as usize;
         if round % 100 == 99 {
             for b in 1..3 {
@@ -276,10 +297,24 @@ fn overwrites_stay_within_a_bound_of_segments() {
             }
         }
     }
-    assert!(cluster.leader().cleanings > 10, "the log was cleaned");
-    println!("cleanings: {}, segment bound {bound}", cluster.leader().cleanings);
+    let cleanings = cluster.leader().cleanings;
+    println!("slack {slack}: cleanings {cleanings}, segment bound {bound}");
     let next = cluster.kill_leader();
     assert_store(next, &model);
+    cleanings
+}
+
+#[test]
+fn overwrites_stay_within_a_bound_of_segments() {
+    let default = overwrite_hot_keys(spindle_replica::node::CLEAN_SLACK_SEGMENTS_DEFAULT);
+    assert!(default > 10, "the log was cleaned ({default} times)");
+    // 16 KiB segments, ~5 KB live: the bound is ~266 KB of log with 16
+    // segments of slack, ~43 KB with 2.
+    let tight = overwrite_hot_keys(2);
+    assert!(
+        tight > 3 * default,
+        "a smaller slack cleans more often: {tight} cleanings with 2 segments, {default} with the default"
+    );
 }
 
 /// Total stop, then restart with the same data directory. With `crash`,

@@ -25,6 +25,7 @@ pub fn node_config(group: &str, members: usize, backups: usize, segment_bytes: u
         },
         value_bytes_max: 2048,
         memory_bytes_max: 64 << 20,
+        clean_slack_segments: spindle_replica::node::CLEAN_SLACK_SEGMENTS_DEFAULT,
         data_dir: dir.to_path_buf(),
         idle: IdleStrategy::DEFAULT_BACKOFF,
         join_timeout: Duration::from_secs(30),
