@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# How long a KV failover takes against how much log the new master
+# replays: for each size in LOG_MIB, `spindle kv serve` (shm, 3 backups,
+# one-sided) takes pipelined SETs of one key until INFO's `log_head`
+# reaches the size (set clean_slack_segments high enough that no roll
+# cleans it first: the default 16 segments is 32 MiB), the master is
+# SIGKILLed, and the time until a SET is acknowledged again is printed.
+# Writes OUT.json (every run).
+#   [ROUNDS=3] [LOG_MIB="3.5 28"] bash bench/kv-failover-log.sh [SPINDLE_BIN] [OUT.json]
+# Needs redis-cli (Debian's redis-tools) and python3. Listens on 127.0.0.1
+# only; every process it starts is stopped, and its data directory removed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$(realpath "${1:-target/release/spindle}")
+out=$(realpath -m "${2:-bench/results/kv-failover-log.json}")
+ROUNDS=${ROUNDS:-3}
+LOG_MIB=${LOG_MIB:-3.5 28}
+command -v redis-cli >/dev/null || { echo "redis-cli not found: apt-get install redis-tools" >&2; exit 1; }
+work=$(mktemp -d)
+sp=
+cleanup() {
+  if [ -n "$sp" ]; then kill "$sp" 2>/dev/null || true; fi
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+cat > "$work/fill_and_kill.py" <<'PY'
+import os, signal, socket, sys, time
+port, log_mib, master_pid = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+def connect():
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+def info(s):
+    s.sendall(b"*1\r\n$4\r\nINFO\r\n")
+    buf = b""
+    while b"avg_ttl" not in buf:
+        buf += s.recv(65536)
+    return dict(l.split(b":", 1) for l in buf.split(b"\r\n") if b":" in l and not l.startswith(b"$"))
+s = connect()
+batch = b"*3\r\n$3\r\nSET\r\n$16\r\nkey:__rand_int__\r\n$3\r\nxxx\r\n" * 256
+while True:
+    for _ in range(50):
+        s.sendall(batch)
+        got = 0
+        while got < 256 * 5:
+            got += len(s.recv(65536))
+    i = info(s)
+    if int(i[b"log_head"]) >= log_mib * 2**20:
+        break
+killed = time.monotonic()
+os.kill(master_pid, signal.SIGKILL)
+while time.monotonic() - killed < 30:
+    try:
+        c = connect()
+        c.settimeout(5)
+        c.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n")
+        if c.recv(64).startswith(b"+OK"):
+            break
+    except OSError:
+        time.sleep(0.0002)
+else:
+    sys.exit("no SET acknowledged within 30 s of the kill")
+print(int(i[b"log_head"]), int(i[b"epoch"]), round(1e3 * (time.monotonic() - killed), 2))
+PY
+rows=$work/rows
+port=18300
+for round in $(seq 1 "$ROUNDS"); do
+  for mib in $LOG_MIB; do
+    port=$((port + 10))
+    "$bin" kv serve --port $port --group "kvf-$$-$port" --backups 3 --mode one-sided --transport shm \
+      --data-dir "$work/d$port" > "$work/log$port" 2>&1 &
+    sp=$!
+    for _ in $(seq 1 300); do
+      redis-cli -p $port ping >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+    master=$(grep -oP 'member 0: pid \K[0-9]+' "$work/log$port") || { tail -n 20 "$work/log$port" >&2; exit 1; }
+    read -r head epoch ms < <(python3 "$work/fill_and_kill.py" $port "$mib" "$master")
+    echo "$round $mib $head $epoch $ms" | tee -a "$rows"
+    kill "$sp" 2>/dev/null || true; wait "$sp" 2>/dev/null || true; sp=
+    rm -rf "$work/d$port"
+  done
+done
+python3 - "$rows" "$out" "$bin" <<'PY'
+import json, os, platform, sys, time
+rows, out, binary = sys.argv[1:4]
+runs = [dict(zip(("round", "log_mib_target", "log_head_bytes", "epoch", "failover_ms"), map(float, l.split())))
+        for l in open(rows)]
+doc = {"benchmark": "kv failover time against the log replayed (shm, 3 backups, one key overwritten)",
+       "command": "bash bench/kv-failover-log.sh", "binary": binary,
+       "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
+                   "load_avg_1m": os.getloadavg()[0]},
+       "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs}
+json.dump(doc, open(out, "w"), indent=1)
+PY
