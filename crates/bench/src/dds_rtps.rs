@@ -185,6 +185,9 @@ pub struct Counts {
     pub rtps_window_waits: u64,
     /// Those waits that timed out.
     pub rtps_window_timeouts: u64,
+    /// Samples of RTPS writers the bridge never took (gaps in their
+    /// sequence numbers: lost in rustdds's reader cache).
+    pub rtps_samples_lost: u64,
     /// RTPS datagrams this process dropped as malformed (rustdds could
     /// not parse them; `null` when another `log` logger was installed).
     pub malformed_datagrams: Option<u64>,
@@ -201,6 +204,7 @@ impl From<BridgeCounts> for Counts {
             group_reader_starts: c.group_reader_starts,
             rtps_window_waits: c.rtps_window_waits,
             rtps_window_timeouts: c.rtps_window_timeouts,
+            rtps_samples_lost: c.rtps_samples_lost,
             malformed_datagrams: spindle::dds::rtps::malformed_datagrams(),
         }
     }
@@ -388,6 +392,12 @@ pub fn sub(args: SubArgs) -> Result<(), String> {
         "spindle dds sub: {} samples, {} keys, in order: {}, {:.0} samples/s over {:.3} s",
         result.samples, result.keys, result.in_order, result.samples_per_s, result.seconds
     );
+    if let Some(lost) = result.bridge.as_ref().map(|c| c.rtps_samples_lost).filter(|n| *n > 0) {
+        println!(
+            "spindle dds sub: {lost} samples of the RTPS writers were lost before the bridge took them \
+             (rustdds's reader cache; see docs/dds.md, \"Known limits\")"
+        );
+    }
     write_json(&args.json, &result)
 }
 

@@ -171,6 +171,10 @@ fn cyclone_to_spindle_with(domain: u16, size: usize, rate_hz: u32, malformed: bo
     assert!(result["samples"].as_u64().unwrap() >= 10_000, "{result}");
     assert_eq!(result["in_order"], true, "every key's seq rises by one: {result}");
     assert_eq!(result["bridge"]["rtps_dropped"], 0, "{result}");
+    assert_eq!(
+        result["bridge"]["rtps_samples_lost"], 0,
+        "no gap in the writer's sequence numbers, and none reported: {result}"
+    );
     let per_sample = result["bytes"].as_u64().unwrap() / result["samples"].as_u64().unwrap();
     assert_eq!(per_sample as usize, size, "the right bytes: {result}");
 }

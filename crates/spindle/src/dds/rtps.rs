@@ -50,6 +50,12 @@
 //! - **RTPS → group**: an RTPS reader takes every sample of every RTPS
 //!   writer and a Spindle writer, the bridge's *injector*, writes it into
 //!   the group: every Spindle reader (this participant's too) gets it once.
+//!   rustdds's reader acknowledges a sample when it arrives and drops the
+//!   oldest untaken ones past its cache's limit, so an RTPS writer faster
+//!   than the bridge can lose samples there even when both sides are
+//!   reliable. The bridge sees each RTPS writer's sequence numbers and
+//!   counts what it never got ([`BridgeCounts::rtps_samples_lost`], with a
+//!   log line): such a loss is reported, not silent.
 //!
 //! No loop: the injector's writer id lies in a reserved range
 //! ([`INJECTOR_LOCAL_BIT`]), and the group → RTPS side never forwards a
@@ -100,7 +106,7 @@
 //! needed). The matching Cyclone DDS setting is
 //! [`CYCLONE_LOOPBACK_URI`] in `CYCLONEDDS_URI`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -439,6 +445,11 @@ pub struct BridgeCounts {
     pub rtps_window_waits: u64,
     /// Those waits that ended without every acknowledgment.
     pub rtps_window_timeouts: u64,
+    /// Samples of RTPS writers that the bridge never took: a gap in a
+    /// writer's sequence numbers between two samples it took (rustdds's
+    /// reader dropped them from its cache, or a best-effort path lost
+    /// them). Writers beyond [`MATCHED_ENDPOINTS_MAX`] are not followed.
+    pub rtps_samples_lost: u64,
 }
 
 struct BridgeShared {
@@ -451,6 +462,7 @@ struct BridgeShared {
     group_reader_starts: AtomicU64,
     rtps_window_waits: AtomicU64,
     rtps_window_timeouts: AtomicU64,
+    rtps_samples_lost: AtomicU64,
     /// RTPS readers matched with the bridge's RTPS writer (refreshed every
     /// [`MATCH_REFRESH_PASSES`] passes).
     readers_matched: AtomicU64,
@@ -494,6 +506,7 @@ impl<T> RtpsBridge<T> {
             group_reader_starts: self.shared.group_reader_starts.load(Ordering::Relaxed),
             rtps_window_waits: self.shared.rtps_window_waits.load(Ordering::Relaxed),
             rtps_window_timeouts: self.shared.rtps_window_timeouts.load(Ordering::Relaxed),
+            rtps_samples_lost: self.shared.rtps_samples_lost.load(Ordering::Relaxed),
         }
     }
 
@@ -645,6 +658,8 @@ struct BridgeWorker<T: RtpsType> {
     /// Serialized bytes written to RTPS since the last wait for the
     /// readers' acknowledgments (see [`RTPS_IN_FLIGHT_BYTES_MAX`]).
     in_flight_bytes: usize,
+    /// RTPS → group: each RTPS writer's last sequence number taken.
+    seen: SequenceGaps,
 }
 
 /// The group → RTPS side of a bridge.
@@ -707,6 +722,53 @@ pub const RTPS_MATCH_SETTLE: Duration = Duration::from_millis(1500);
 
 /// Most matched endpoints a bridge tracks per side.
 const MATCHED_ENDPOINTS_MAX: usize = 4096;
+
+/// Sequence numbers `first..=last` of one RTPS writer that were never
+/// taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Lost {
+    first: i64,
+    last: i64,
+}
+
+impl Lost {
+    fn count(&self) -> u64 {
+        (self.last - self.first + 1) as u64
+    }
+}
+
+/// The last sequence number taken of each RTPS writer (at most
+/// [`MATCHED_ENDPOINTS_MAX`] writers), to find the samples a reader lost.
+#[derive(Default)]
+struct SequenceGaps {
+    last: HashMap<rustdds::GUID, i64>,
+    /// Gaps logged so far (at most [`BRIDGE_LOG_LINES_MAX`]).
+    gaps_logged: u64,
+}
+
+impl SequenceGaps {
+    /// `writer`'s sample `sequence` was taken: the numbers skipped since
+    /// its last one, if any. A writer's first sample counts nothing (a
+    /// reader may join late); one at or below the last is no gap.
+    fn take(&mut self, writer: rustdds::GUID, sequence: i64) -> Option<Lost> {
+        match self.last.get_mut(&writer) {
+            Some(last) => {
+                let lost = (sequence > *last + 1).then(|| Lost {
+                    first: *last + 1,
+                    last: sequence - 1,
+                });
+                *last = (*last).max(sequence);
+                lost
+            }
+            None => {
+                if self.last.len() < MATCHED_ENDPOINTS_MAX {
+                    self.last.insert(writer, sequence);
+                }
+                None
+            }
+        }
+    }
+}
 
 /// A match (`change` > 0) or unmatch of `endpoint`.
 fn note_match(set: &mut HashSet<rustdds::GUID>, endpoint: rustdds::GUID, change: i32) {
@@ -947,7 +1009,8 @@ impl<T: RtpsType> BridgeWorker<T> {
         };
         for sample in samples {
             taken += 1;
-            let writer = sample.sample_info().writer_guid();
+            let identity = sample.sample_info().sample_identity();
+            let writer = identity.writer_guid;
             if self
                 .own_participants
                 .iter()
@@ -956,6 +1019,20 @@ impl<T: RtpsType> BridgeWorker<T> {
             {
                 self.shared.own_skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
+            }
+            if let Some(lost) = self.seen.take(writer, i64::from(identity.sequence_number)) {
+                self.shared.rtps_samples_lost.fetch_add(lost.count(), Ordering::Relaxed);
+                if self.seen.gaps_logged < BRIDGE_LOG_LINES_MAX {
+                    self.seen.gaps_logged += 1;
+                    eprintln!(
+                        "spindle rtps: {:?}: {} samples of RTPS writer {writer:?} lost before the bridge took them \
+                         (sequence numbers {}..={}): its reader's cache dropped them",
+                        self.topic,
+                        lost.count(),
+                        lost.first,
+                        lost.last
+                    );
+                }
             }
             // A dispose of a key: the group's readers learn of RTPS
             // writers' instances only through their values.
@@ -1084,6 +1161,7 @@ impl DomainParticipant {
             group_reader_starts: AtomicU64::new(0),
             rtps_window_waits: AtomicU64::new(0),
             rtps_window_timeouts: AtomicU64::new(0),
+            rtps_samples_lost: AtomicU64::new(0),
             readers_matched: AtomicU64::new(0),
             writers_matched: AtomicU64::new(0),
             flush_wait_ns: AtomicU64::new(0),
@@ -1101,6 +1179,7 @@ impl DomainParticipant {
             remote_writers: HashSet::new(),
             sync_pending: false,
             in_flight_bytes: 0,
+            seen: SequenceGaps::default(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("rtps-{name}"))
@@ -1481,5 +1560,46 @@ mod two_way {
             taken == 300
         }));
         assert_eq!(bridge.failure(), None);
+    }
+}
+
+#[cfg(test)]
+mod sequence_gaps {
+    use super::{Lost, SequenceGaps, MATCHED_ENDPOINTS_MAX};
+
+    fn writer(n: u16) -> rustdds::GUID {
+        let mut bytes = [0u8; 16];
+        bytes[..2].copy_from_slice(&n.to_le_bytes());
+        bytes[15] = 0x02; // a writer's entity kind
+        rustdds::GUID::from_bytes(bytes)
+    }
+
+    #[test]
+    fn a_skipped_run_of_sequence_numbers_is_reported_once_per_writer() {
+        let mut seen = SequenceGaps::default();
+        let (a, b) = (writer(1), writer(2));
+        assert_eq!(seen.take(a, 40), None, "a late reader's first sample is no loss");
+        assert_eq!(seen.take(a, 41), None);
+        assert_eq!(seen.take(b, 1), None, "another writer starts its own count");
+        let lost = seen.take(a, 45).expect("no silent loss: 42..=44 were never taken");
+        assert_eq!((lost, lost.count()), (Lost { first: 42, last: 44 }, 3));
+        assert_eq!(seen.take(a, 45), None, "a repeat is no gap");
+        assert_eq!(seen.take(a, 43), None, "an older number neither");
+        assert_eq!(seen.take(a, 46), None, "and does not move the count back");
+        assert_eq!(seen.take(b, 2), None);
+        assert_eq!(seen.take(b, 1_000_002).map(|l| l.count()), Some(999_999));
+    }
+
+    #[test]
+    fn writers_past_the_bound_are_not_followed() {
+        let mut seen = SequenceGaps::default();
+        for n in 0..MATCHED_ENDPOINTS_MAX as u16 {
+            seen.take(writer(n), 1);
+        }
+        let extra = writer(MATCHED_ENDPOINTS_MAX as u16);
+        assert_eq!(seen.take(extra, 1), None);
+        assert_eq!(seen.take(extra, 10), None, "not followed: no count for it");
+        assert_eq!(seen.last.len(), MATCHED_ENDPOINTS_MAX, "bounded");
+        assert!(seen.take(writer(0), 3).is_some(), "the followed ones still are");
     }
 }
