@@ -15,15 +15,8 @@ bin=$(realpath "${1:-target/release/spindle}")
 out=$(realpath -m "${2:-bench/results/kv-failover-log.json}")
 ROUNDS=${ROUNDS:-3}
 LOG_MIB=${LOG_MIB:-3.5 28}
-command -v redis-cli >/dev/null || { echo "redis-cli not found: apt-get install redis-tools" >&2; exit 1; }
-work=$(mktemp -d)
-sp=
-cleanup() {
-  if [ -n "$sp" ]; then kill "$sp" 2>/dev/null || true; fi
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=bench/kv-common.sh
+source bench/kv-common.sh
 cat > "$work/fill_and_kill.py" <<'PY'
 import os, signal, socket, sys, time
 port, log_mib, master_pid = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
@@ -68,18 +61,11 @@ port=18300
 for round in $(seq 1 "$ROUNDS"); do
   for mib in $LOG_MIB; do
     port=$((port + 10))
-    "$bin" kv serve --port $port --group "kvf-$$-$port" --backups 3 --mode one-sided --transport shm \
-      --data-dir "$work/d$port" > "$work/log$port" 2>&1 &
-    sp=$!
-    for _ in $(seq 1 300); do
-      redis-cli -p $port ping >/dev/null 2>&1 && break
-      sleep 0.1
-    done
+    kv_start "$bin" $port "log of $mib MiB" --transport shm
     master=$(grep -oP 'member 0: pid \K[0-9]+' "$work/log$port") || { tail -n 20 "$work/log$port" >&2; exit 1; }
     read -r head epoch ms < <(python3 "$work/fill_and_kill.py" $port "$mib" "$master")
     echo "$round $mib $head $epoch $ms" | tee -a "$rows"
-    kill "$sp" 2>/dev/null || true; wait "$sp" 2>/dev/null || true; sp=
-    rm -rf "$work/d$port"
+    kv_stop $port
   done
 done
 python3 - "$rows" "$out" "$bin" <<'PY'

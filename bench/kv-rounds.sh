@@ -23,14 +23,8 @@ ROUNDS=${ROUNDS:-4}
 N=${N:-300000}
 CASES=${CASES:-tcp:memory:4 tcp:memory:50 tcp:disk:50 shm:memory:50}
 command -v redis-benchmark >/dev/null || { echo "redis-benchmark not found: apt-get install redis-tools" >&2; exit 1; }
-work=$(mktemp -d)
-sp=
-cleanup() {
-  if [ -n "$sp" ]; then kill "$sp" 2>/dev/null || true; fi
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=bench/kv-common.sh
+source bench/kv-common.sh
 busy() { awk '/^cpu /{ print $2+$3+$4+$7+$8+$9, $5+$6 }' /proc/stat; }
 # Every run's row, kept beside OUT even if a later run fails.
 rows=$out.rows
@@ -42,27 +36,13 @@ for round in $(seq 1 "$ROUNDS"); do
     for side in before after; do
       bin=${!side}
       port=$((port + 1))
-      "$bin" kv serve --port $port --group "kvr-$$-$port" --backups 3 --mode one-sided --transport "$transport" \
-        --durability "$durability" --data-dir "$work/d$port" > "$work/log$port" 2>&1 &
-      sp=$!
-      up=0
-      for _ in $(seq 1 300); do
-        kill -0 "$sp" 2>/dev/null || break
-        if redis-cli -p $port ping >/dev/null 2>&1; then up=1; break; fi
-        sleep 0.1
-      done
-      if [ "$up" != 1 ]; then
-        echo "spindle kv serve ($side, $case) did not come up:" >&2
-        tail -n 20 "$work/log$port" >&2
-        exit 1
-      fi
+      kv_start "$bin" $port "$side, $case" --transport "$transport" --durability "$durability"
       read -r b0 i0 < <(busy)
       line=$(redis-benchmark -h 127.0.0.1 -p $port -t set -n "$N" -c "$clients" -P 16 -q --csv 2>/dev/null | tail -n 1) \
         || { echo "redis-benchmark failed ($side, $case)" >&2; exit 1; }
       read -r b1 i1 < <(busy)
       stats=$(redis-cli -p $port info 2>/dev/null | tr -d '\r' | awk -F: '/^(group_commit_|log_cleanings|roll_pause_us_|epoch:)/ { printf "%s=%s ", $1, $2 }' || true)
-      kill "$sp" 2>/dev/null || true; wait "$sp" 2>/dev/null || true; sp=
-      rm -rf "$work/d$port"
+      kv_stop $port
       echo "$round $side $transport $durability $clients $line $(( 100 * (b1 - b0) / (b1 - b0 + i1 - i0) )) $stats" >> "$rows"
       tail -n 1 "$rows"
     done
