@@ -2,19 +2,25 @@
 # How long a KV failover takes against how much log the new master
 # replays: for each size in LOG_MIB, `spindle kv serve` (shm, 3 backups,
 # one-sided) takes pipelined SETs of one key until INFO's `log_head`
-# reaches the size (set clean_slack_segments high enough that no roll
-# cleans it first: the default 16 segments is 32 MiB), the master is
-# SIGKILLed, and the time until a SET is acknowledged again is printed.
-# Writes OUT.json (every run).
+# reaches the size (below 32 MiB: the default cleaning slack, 16 segments
+# of 2 MiB, rolls the log before that), the master is SIGKILLed, and the
+# time until a SET is acknowledged again is printed. Writes OUT.json
+# (every run); OUT.json.rows keeps every run's raw row, even if a later
+# one fails.
 #   [ROUNDS=3] [LOG_MIB="3.5 28"] bash bench/kv-failover-log.sh [SPINDLE_BIN] [OUT.json]
 # Needs redis-cli (Debian's redis-tools) and python3. Listens on 127.0.0.1
 # only; every process it starts is stopped, and its data directory removed.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bin=$(realpath "${1:-target/release/spindle}")
-out=$(realpath -m "${2:-bench/results/kv-failover-log.json}")
+root=$(realpath "$(dirname "$0")/..")
+bin=$(realpath "${1:-$root/target/release/spindle}")
+out=$(realpath -m "${2:-$root/bench/results/kv-failover-log.json}")
+cd "$root"
 ROUNDS=${ROUNDS:-3}
 LOG_MIB=${LOG_MIB:-3.5 28}
+for mib in $LOG_MIB; do
+  python3 -c 'import sys; sys.exit(not 0 < float(sys.argv[1]) < 32)' "$mib" \
+    || { echo "LOG_MIB: $mib is not above 0 and below 32 (the default cleaning slack)" >&2; exit 1; }
+done
 # shellcheck source=bench/kv-common.sh
 source bench/kv-common.sh
 cat > "$work/fill_and_kill.py" <<'PY'
@@ -32,7 +38,10 @@ def info(s):
     return dict(l.split(b":", 1) for l in buf.split(b"\r\n") if b":" in l and not l.startswith(b"$"))
 s = connect()
 batch = b"*3\r\n$3\r\nSET\r\n$16\r\nkey:__rand_int__\r\n$3\r\nxxx\r\n" * 256
+filling_until = time.monotonic() + 120
 while True:
+    if time.monotonic() > filling_until:
+        sys.exit(f"the log did not reach {log_mib} MiB within 120 s (a roll cleaned it?)")
     for _ in range(50):
         s.sendall(batch)
         got = 0
@@ -50,13 +59,15 @@ while time.monotonic() - killed < 30:
         c.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n")
         if c.recv(64).startswith(b"+OK"):
             break
+        time.sleep(0.0002)  # not yet the new master's +OK
     except OSError:
         time.sleep(0.0002)
 else:
     sys.exit("no SET acknowledged within 30 s of the kill")
 print(int(i[b"log_head"]), int(i[b"epoch"]), round(1e3 * (time.monotonic() - killed), 2))
 PY
-rows=$work/rows
+rows=$out.rows
+: > "$rows"
 port=18300
 for round in $(seq 1 "$ROUNDS"); do
   for mib in $LOG_MIB; do

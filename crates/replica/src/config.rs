@@ -115,9 +115,13 @@ impl Transport {
     }
 }
 
-/// The most `clean_slack_segments` a configuration may ask for (a backup
-/// keeps up to about three epochs of log on disk).
+/// The most `clean_slack_segments` a configuration may ask for.
 pub const CLEAN_SLACK_SEGMENTS_MAX: u64 = 4096;
+/// The most log bytes the slack may add to an epoch: a backup keeps up to
+/// about three epochs on disk, and a new master reads its epoch's
+/// segments into memory and replays every record (~220 ns each), so a
+/// failover after 1 GiB of slack takes seconds.
+pub const CLEAN_SLACK_BYTES_MAX: u64 = 1 << 30;
 
 /// Defaults (the same in code, in the docs above and in `--help`).
 pub mod defaults {
@@ -283,6 +287,16 @@ impl ServiceConfig {
                 "clean_slack_segments = {}: expected 1..={CLEAN_SLACK_SEGMENTS_MAX} (segments of log \
                  beyond twice the live data before the log is cleaned)",
                 self.clean_slack_segments
+            ));
+        }
+        let slack_bytes = self
+            .clean_slack_segments
+            .saturating_mul(self.geometry.segment_bytes as u64);
+        if slack_bytes > CLEAN_SLACK_BYTES_MAX {
+            return Err(format!(
+                "clean_slack_segments = {} with segment_bytes = {}: {slack_bytes} bytes of log beyond the \
+                 live data, more than {CLEAN_SLACK_BYTES_MAX} (a failover replays all of it)",
+                self.clean_slack_segments, self.geometry.segment_bytes
             ));
         }
         if self.memory_bytes_max < 1024 {
@@ -464,6 +478,12 @@ mod tests {
                 "{e}"
             );
         }
+        let e = ServiceConfig::parse("clean_slack_segments = 1024\n").unwrap_err();
+        assert!(
+            e.contains("clean_slack_segments = 1024 with segment_bytes = 2097152"),
+            "{e}"
+        );
+        ServiceConfig::parse("clean_slack_segments = 512\n").expect("512 × 2 MiB = 1 GiB is allowed");
     }
 
     #[test]

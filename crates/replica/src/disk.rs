@@ -1,15 +1,20 @@
-//! A backup's segments on disk: `<dir>/epoch-<e>/segment-<k>`, each
-//! written whole to a temporary file, fsynced, renamed into place and the
-//! directory fsynced, so a segment file is either complete or absent.
+//! A backup's segments on disk: `<dir>/epoch-<e>/segment-<k>`.
 //! `<dir>/epoch-<e>/sealed` holds the guard (u64 LE) once the epoch's
 //! whole log is on disk.
 //!
-//! With `durability = "disk"` a backup's syncer instead writes the log as
-//! it arrives through a [`SegmentAppender`]: in place, straight into
-//! `segment-<k>`, made durable by one `fdatasync` per round (group
-//! commit). Such a file's synced prefix is intact after a crash; past it
-//! the tail may be torn, which replay drops (checksums) — nothing past the
-//! synced prefix was acknowledged.
+//! While an epoch runs, a backup writes its log as it arrives through a
+//! [`SegmentAppender`]: in place, straight into `segment-<k>`, made
+//! durable by `fdatasync` in rounds (with `durability = "disk"` the
+//! syncer's group commit; with `"memory"` the flusher's rounds, at a
+//! segment's close and every 50 ms). Such a file's synced prefix is intact
+//! after a crash (on a disk that keeps synced blocks when a later write to
+//! the same block is cut short); past it the tail may be torn, which
+//! replay drops (checksums). Only the last file of an epoch can be short:
+//! a segment is written to its end before the next one's file is created.
+//!
+//! The seal ([`SegmentDisk::write_segment`]) writes a segment whole to a
+//! temporary file, fsyncs it, renames it into place and fsyncs the
+//! directory, so a sealed epoch's files are complete.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -123,8 +128,9 @@ impl SegmentDisk {
     }
 }
 
-/// Disk durability: one epoch's log written in place as it arrives, and
-/// synced in rounds (see the module docs).
+/// One epoch's log written in place as it arrives, and synced in rounds
+/// (the disk syncer and the memory-durability flusher; see the module
+/// docs).
 ///
 /// ```text
 ///  write(k, offset, bytes)   pwrite into segment-<k> (created, truncated,

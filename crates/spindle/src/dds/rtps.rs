@@ -445,10 +445,15 @@ pub struct BridgeCounts {
     pub rtps_window_waits: u64,
     /// Those waits that ended without every acknowledgment.
     pub rtps_window_timeouts: u64,
-    /// Samples of RTPS writers that the bridge never took: a gap in a
-    /// writer's sequence numbers between two samples it took (rustdds's
-    /// reader dropped them from its cache, or a best-effort path lost
-    /// them). Writers beyond [`MATCHED_ENDPOINTS_MAX`] are not followed.
+    /// Samples of RTPS writers that the bridge never took, with a
+    /// reliable keep-all reader QoS (under keep-last or best-effort a
+    /// missing sample is what the QoS allows, and nothing is counted): a
+    /// gap in a writer's sequence numbers between two samples it took
+    /// (rustdds's reader dropped them from its cache). A sample rustdds
+    /// took but could not decode counts in `rtps_dropped` and may count
+    /// here too; a writer with keep-last history that replaced a sample
+    /// before sending it counts here. At most [`MATCHED_ENDPOINTS_MAX`]
+    /// writers matched at once are followed.
     pub rtps_samples_lost: u64,
 }
 
@@ -737,10 +742,13 @@ impl Lost {
     }
 }
 
-/// The last sequence number taken of each RTPS writer (at most
-/// [`MATCHED_ENDPOINTS_MAX`] writers), to find the samples a reader lost.
+/// The last sequence number taken of each RTPS writer matched (at most
+/// [`MATCHED_ENDPOINTS_MAX`] writers), to find the samples a reliable
+/// keep-all reader lost.
 #[derive(Default)]
 struct SequenceGaps {
+    /// Count gaps (a reliable keep-all bridge reader; see `make_bridge`).
+    on: bool,
     last: HashMap<rustdds::GUID, i64>,
     /// Gaps logged so far (at most [`BRIDGE_LOG_LINES_MAX`]).
     gaps_logged: u64,
@@ -750,6 +758,11 @@ impl SequenceGaps {
     /// `writer`'s sample `sequence` was taken: the numbers skipped since
     /// its last one, if any. A writer's first sample counts nothing (a
     /// reader may join late); one at or below the last is no gap.
+    /// `writer` unmatched: a match again starts a new count.
+    fn forget(&mut self, writer: rustdds::GUID) {
+        self.last.remove(&writer);
+    }
+
     fn take(&mut self, writer: rustdds::GUID, sequence: i64) -> Option<Lost> {
         match self.last.get_mut(&writer) {
             Some(last) => {
@@ -841,6 +854,11 @@ impl<T: RtpsType> BridgeWorker<T> {
             if let rustdds::DataReaderStatus::SubscriptionMatched { current, writer, .. } = status {
                 if !is_own(writer) {
                     note_match(&mut self.remote_writers, writer, current.count_change());
+                    if current.count_change() < 0 {
+                        // A writer that comes back (a new match) starts a
+                        // new count.
+                        self.seen.forget(writer);
+                    }
                 }
             }
         }
@@ -1020,7 +1038,11 @@ impl<T: RtpsType> BridgeWorker<T> {
                 self.shared.own_skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            if let Some(lost) = self.seen.take(writer, i64::from(identity.sequence_number)) {
+            if let Some(lost) = self
+                .seen
+                .take(writer, i64::from(identity.sequence_number))
+                .filter(|_| self.seen.on)
+            {
                 self.shared.rtps_samples_lost.fetch_add(lost.count(), Ordering::Relaxed);
                 if self.seen.gaps_logged < BRIDGE_LOG_LINES_MAX {
                     self.seen.gaps_logged += 1;
@@ -1179,7 +1201,14 @@ impl DomainParticipant {
             remote_writers: HashSet::new(),
             sync_pending: false,
             in_flight_bytes: 0,
-            seen: SequenceGaps::default(),
+            seen: SequenceGaps {
+                // Under keep-last, or best-effort, rustdds dropping or
+                // never getting a sample is what the QoS allows: only a
+                // reliable keep-all reader must get every one.
+                on: matches!(reader_qos.reliability, Reliability::Reliable { .. })
+                    && matches!(reader_qos.history, History::KeepAll),
+                ..SequenceGaps::default()
+            },
         };
         let thread = std::thread::Builder::new()
             .name(format!("rtps-{name}"))
@@ -1577,6 +1606,7 @@ mod sequence_gaps {
     #[test]
     fn a_skipped_run_of_sequence_numbers_is_reported_once_per_writer() {
         let mut seen = SequenceGaps::default();
+        assert!(!seen.on, "on only for reliable keep-all readers (make_bridge)");
         let (a, b) = (writer(1), writer(2));
         assert_eq!(seen.take(a, 40), None, "a late reader's first sample is no loss");
         assert_eq!(seen.take(a, 41), None);
@@ -1588,6 +1618,9 @@ mod sequence_gaps {
         assert_eq!(seen.take(a, 46), None, "and does not move the count back");
         assert_eq!(seen.take(b, 2), None);
         assert_eq!(seen.take(b, 1_000_002).map(|l| l.count()), Some(999_999));
+        seen.forget(b);
+        assert_eq!(seen.take(b, 1), None, "a writer matched again starts afresh");
+        assert_eq!(seen.take(b, 3).map(|l| l.count()), Some(1));
     }
 
     #[test]
