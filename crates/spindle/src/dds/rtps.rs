@@ -452,7 +452,7 @@ pub struct BridgeCounts {
     /// (rustdds's reader dropped them from its cache). A sample rustdds
     /// took but could not decode counts in `rtps_dropped` and may count
     /// here too; a writer with keep-last history that replaced a sample
-    /// before sending it counts here. At most [`MATCHED_ENDPOINTS_MAX`]
+    /// before sending it counts here. At most `MATCHED_ENDPOINTS_MAX` (4,096)
     /// writers matched at once are followed.
     pub rtps_samples_lost: u64,
 }
