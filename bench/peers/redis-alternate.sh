@@ -6,7 +6,8 @@
 # runs every Spindle service first and Redis last).
 #
 # Redis: a primary and 2 replicas, no persistence (acknowledges before its
-# replicas have a write). Spindle: 3 backups, one-sided, members on each
+# replicas have a write). Spindle: BACKUPS backups (3, the issue's figure;
+# BACKUPS=2 keeps as many copies as Redis: a primary and 2), one-sided, members on each
 # transport of TRANSPORTS, no client but the benchmark; stopped before
 # Redis runs. Each pair:
 #   redis-benchmark -t set,get -n N -P 16 (50 clients)
@@ -14,7 +15,7 @@
 #   means every backup has it) against Redis SET + WAIT 2 0.
 # Writes OUT.json (every pair, and the median ratio of each test) and
 # prints a markdown table.
-#   [ROUNDS=3] [N=1000000] [SYNC_N=20000] [TRANSPORTS="shm tcp"] bash bench/peers/redis-alternate.sh [OUT.json]
+#   [ROUNDS=3] [N=1000000] [SYNC_N=20000] [TRANSPORTS="shm tcp"] [BACKUPS=3] bash bench/peers/redis-alternate.sh [OUT.json]
 # Installs redis-server and redis-tools from apt when missing (needs root
 # or sudo). Everything listens on 127.0.0.1 only and is stopped at exit.
 set -euo pipefail
@@ -25,6 +26,7 @@ N=${N:-1000000}
 P=16
 SYNC_N=${SYNC_N:-20000}
 TRANSPORTS=${TRANSPORTS:-shm tcp}
+BACKUPS=${BACKUPS:-3}
 
 WORK_PREFIX=redis-alternate
 # shellcheck source=bench/peers/redis-common.sh
@@ -46,7 +48,7 @@ port=16400
 for round in $(seq 1 "$ROUNDS"); do
   for transport in $TRANSPORTS; do
     echo "round $round: spindle kv on $transport, then redis"
-    "$bin" kv serve --port $port --group "alt-$transport-$$-$round" --backups 3 --mode one-sided \
+    "$bin" kv serve --port $port --group "alt-$transport-$$-$round" --backups "$BACKUPS" --mode one-sided \
       --transport "$transport" --data-dir "$work/spindle-$transport-$round" > "$work/spindle-$transport-$round.log" 2>&1 &
     sp=$!; pids+=("$sp")
     wait_ping $port
@@ -60,9 +62,10 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 
-python3 - "$rows" "$out" "$N" "$SYNC_N" "$ROUNDS" <<'PY'
+python3 - "$rows" "$out" "$N" "$SYNC_N" "$ROUNDS" "$BACKUPS" "$TRANSPORTS" <<'PY'
 import json, os, platform, statistics, sys
-rows_file, out, n, sync_n, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+rows_file, out, n, sync_n, rounds, backups, transports = (sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+                                                          int(sys.argv[5]), int(sys.argv[6]), sys.argv[7])
 runs = {}
 for line in open(rows_file):
     rnd, transport, server, test, rps, p50_ms = line.split()
@@ -86,9 +89,11 @@ for transport in sorted({k[1] for k in runs}):
                         "p50_spindle_over_redis_median": round(statistics.median(p50_ratios), 3)})
 model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
 json.dump({
-    "what": "spindle kv serve (3 backups, one-sided) then redis-server (primary + 2 replicas) right after, alternated; "
-            "redis-benchmark -t set,get -P 16 and one write at a time (Spindle SET against Redis SET + WAIT 2 0)",
-    "command": "ROUNDS=%d N=%d SYNC_N=%d bash bench/peers/redis-alternate.sh %s" % (rounds, n, sync_n, out),
+    "what": "spindle kv serve (%d backups, one-sided) then redis-server (primary + 2 replicas) right after, alternated; "
+            "redis-benchmark -t set,get -P 16 and one write at a time (Spindle SET against Redis SET + WAIT 2 0)" % backups,
+    "command": "ROUNDS=%d N=%d SYNC_N=%d TRANSPORTS=%r BACKUPS=%d bash bench/peers/redis-alternate.sh %s"
+               % (rounds, n, sync_n, transports, backups, out),
+    "spindle_backups": backups, "spindle_copies": backups + 1, "redis_copies": 3,
     "target": "ratio >= 1.0 (issue 13)",
     "machine": {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release()},
     "pairs": pairs, "summary": summary,
