@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use spindle::dds::rtps::{BridgeCounts, BridgeDirection, KeyedSeq, RtpsConfig, CYCLONE_LOOPBACK_URI};
-use spindle::dds::{DomainParticipant, ReaderQos, ResourceLimits, WriterQos};
+use spindle::dds::{DomainParticipant, ReaderQos, ResourceLimits, WriterQos, WINDOW_SLOTS_MAX, WINDOW_SLOTS_MIN};
 
 use crate::report::Machine;
 
@@ -75,6 +75,13 @@ pub struct EndpointArgs {
     /// Print the CYCLONEDDS_URI that keeps Cyclone on loopback, and exit.
     #[arg(long)]
     pub print_cyclone_uri: bool,
+    /// Send-window slots of the Spindle participant (a power of two,
+    /// 16..=1024). Default: `dds pub` as many as fit in 8 MiB of its
+    /// slots (sized for `--size`); `dds sub` 1024: its
+    /// slots are sized for the largest sample it may get (64 KiB), and
+    /// every sample its bridge takes in from RTPS goes through that window.
+    #[arg(long = "window")]
+    pub window_slots: Option<usize>,
 }
 
 /// `spindle dds sub` arguments.
@@ -219,6 +226,15 @@ pub const SIZE_MAX_BYTES: usize = 1 << 20;
 const SLOT_OVERHEAD_BYTES: usize = 64;
 /// The default slot size of `dds sub` (a 64 KiB ddsperf sample fits).
 const SUB_SAMPLE_BYTES_MAX: usize = (64 << 10) + 4096;
+/// `dds sub`'s send window: the widest. With slots of
+/// [`SUB_SAMPLE_BYTES_MAX`], the participant's default (what fits in 8
+/// MiB) is 64 slots, and the bridge's writes into the group waited on
+/// that window: unpaced `ddsperf pub size 16` into `dds sub --rtps`
+/// (2026-12-03) took 82-83 k samples/s with 64 slots, 142-164 k with
+/// 1024 (1 KiB samples: 101 k → 136 k; 64 KiB: 13.8 k, unchanged). The
+/// ring is 1024 slots of 68 KiB of address space; a slot's pages are
+/// touched only as far as its samples reach.
+const SUB_WINDOW_SLOTS: usize = WINDOW_SLOTS_MAX;
 
 fn rtps_config(c: &EndpointArgs) -> Result<RtpsConfig, String> {
     let domain = match c.domain {
@@ -234,13 +250,27 @@ fn rtps_config(c: &EndpointArgs) -> Result<RtpsConfig, String> {
     Ok(RtpsConfig::new(domain).loopback_only(loopback))
 }
 
-fn participant(c: &EndpointArgs, max_sample_bytes: usize) -> Result<DomainParticipant, String> {
+/// The participant of `dds pub`, `dds sub` or `dds perf`: `window_slots`
+/// is the command's own default, which `--window-slots` overrides.
+fn participant(
+    c: &EndpointArgs,
+    max_sample_bytes: usize,
+    window_slots: Option<usize>,
+) -> Result<DomainParticipant, String> {
     // A domain of this process alone unless told otherwise: two runs on
     // one host must not meet in one shm group by accident.
     let spindle_domain = c.spindle_domain.unwrap_or(0x4000_0000 | std::process::id());
     let mut builder = DomainParticipant::builder(spindle_domain)
         .participants(1)
         .max_sample_bytes(max_sample_bytes);
+    if let Some(slots) = c.window_slots.or(window_slots) {
+        if !(WINDOW_SLOTS_MIN..=WINDOW_SLOTS_MAX).contains(&slots) || !slots.is_power_of_two() {
+            return Err(format!(
+                "--window {slots}: expected a power of two in {WINDOW_SLOTS_MIN}..={WINDOW_SLOTS_MAX}"
+            ));
+        }
+        builder = builder.window_slots(slots);
+    }
     if c.rtps {
         builder = builder.rtps(rtps_config(c)?);
     }
@@ -329,7 +359,7 @@ pub fn sub(args: SubArgs) -> Result<(), String> {
         println!("{CYCLONE_LOOPBACK_URI}");
         return Ok(());
     }
-    let p = participant(c, SUB_SAMPLE_BYTES_MAX)?;
+    let p = participant(c, SUB_SAMPLE_BYTES_MAX, Some(SUB_WINDOW_SLOTS))?;
     let topic = p.create_topic::<KeyedSeq>(&c.topic).map_err(|e| e.to_string())?;
     let reader = p
         .create_reader(&topic, reader_qos(c, p.window_slots()))
@@ -421,7 +451,7 @@ pub fn publish(args: PubArgs) -> Result<(), String> {
         return Err(format!("--linger-s {}: expected 0..=3600 seconds", args.linger_s));
     }
     let max_sample_bytes = args.size + SLOT_OVERHEAD_BYTES;
-    let p = participant(c, max_sample_bytes)?;
+    let p = participant(c, max_sample_bytes, None)?;
     let topic = p.create_topic::<KeyedSeq>(&c.topic).map_err(|e| e.to_string())?;
     let bridge = if c.rtps {
         let b = p

@@ -604,7 +604,19 @@ fn a_topic_bridged_twice_and_a_participant_without_rtps_give_clear_errors() {
 }
 
 #[test]
-fn a_size_below_the_fixed_part_and_a_linger_out_of_range_are_refused() {
+fn a_size_below_the_fixed_part_a_linger_or_a_window_out_of_range_are_refused() {
+    for (command, window) in [("sub", "100"), ("sub", "2048"), ("pub", "8"), ("pub", "0")] {
+        let out = Command::new(SPINDLE)
+            .args(["dds", command, "--seconds", "1", "--window", window])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "dds {command} --window {window} ran");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("--window {window}: expected a power of two in 16..=1024")),
+            "dds {command} --window {window}: {err}"
+        );
+    }
     let out = Command::new(SPINDLE)
         .args(["dds", "pub", "--rtps", "--size", "4"])
         .output()

@@ -54,7 +54,10 @@ pub mod rtps;
 mod rtps_log;
 mod writer;
 
-pub use participant::{DomainParticipant, ParticipantBuilder, Publisher, Subscriber, Topic};
+pub use participant::{
+    DomainParticipant, ParticipantBuilder, Publisher, Subscriber, Topic, WINDOW_BYTES_DEFAULT, WINDOW_SLOTS_MAX,
+    WINDOW_SLOTS_MIN,
+};
 pub use reader::{DataReader, ReaderStatus, Sample};
 pub use writer::{DataWriter, WriterStatus};
 

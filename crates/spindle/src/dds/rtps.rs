@@ -696,8 +696,11 @@ const FLUSH_DRAIN_PASSES_MAX: usize = 1 << 12;
 const RTPS_SYNC_WAIT: Duration = Duration::from_secs(1);
 
 /// The most sample bytes a bridge writes to RTPS before it waits for every
-/// matched reader's acknowledgment. rustdds has no flow control towards
-/// its readers: a burst larger than a reader's UDP receive buffer is lost
+/// matched reader's acknowledgment. rustdds's flow control towards its
+/// readers counts samples (8,192 unacknowledged), not bytes, and slides
+/// on acknowledgments it does not show (no acknowledged sequence number
+/// in its API, so this window waits for all of them): a burst larger
+/// than a reader's UDP receive buffer is lost
 /// there (`UdpRcvbufErrors`), and rustdds repairs at most 8 KiB per
 /// repair round, so 6 datagrams lost from an unpaced burst of 1 KiB
 /// samples held a Cyclone DDS reader at ~760 samples/s for the rest of
