@@ -79,7 +79,7 @@ for size in $sizes; do
   sleep 1
   timeout $((run_s + 10)) ddsperf -i $domain -k all -D "$run_s" pub size "$size" > /dev/null 2>&1 || true
   wait $sub || true
-  cs=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({"samples_per_s": d["samples_per_s"], "samples": d["samples"], "in_order": d["in_order"], "out_of_order_listed": len(d["out_of_order"])}))' "$tmp/cs.json" 2>/dev/null || echo '{"samples_per_s": 0, "error": "no result"}')
+  cs=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({"samples_per_s": d["samples_per_s"], "samples": d["samples"], "in_order": d["in_order"], "out_of_order_listed": len(d["out_of_order"]), "rtps_samples_lost": (d.get("bridge") or {}).get("rtps_samples_lost")}))' "$tmp/cs.json" 2>/dev/null || echo '{"samples_per_s": 0, "error": "no result"}')
 
   # spindle -> cyclone
   domain=$((domain + 1))
@@ -121,7 +121,7 @@ doc = {
 json.dump(doc, open(out, "w"), indent=2)
 for r in rows:
     print(f'{r["size_bytes"]:>6} B  cyclone->cyclone {r["cyclone_to_cyclone"]["samples_per_s"]:>10.0f}/s (lost {r["cyclone_to_cyclone"]["lost"]})'
-          f'  cyclone->spindle {r["cyclone_to_spindle"].get("samples_per_s", 0):>10.0f}/s ({r["ratio_cyclone_to_spindle_vs_cyclone"]:.2f}x, in order {r["cyclone_to_spindle"].get("in_order")})'
+          f'  cyclone->spindle {r["cyclone_to_spindle"].get("samples_per_s", 0):>10.0f}/s ({r["ratio_cyclone_to_spindle_vs_cyclone"]:.2f}x, in order {r["cyclone_to_spindle"].get("in_order")}, lost {r["cyclone_to_spindle"].get("rtps_samples_lost")})'
           f'  spindle->cyclone {r["spindle_to_cyclone"]["samples_per_s"]:>10.0f}/s ({r["ratio_spindle_to_cyclone_vs_cyclone"]:.2f}x, lost {r["spindle_to_cyclone"]["lost"]})')
 print("wrote", out)
 EOF

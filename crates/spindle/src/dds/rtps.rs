@@ -380,12 +380,32 @@ fn rtps_writer_qos(qos: &WriterQos) -> QosPolicies {
         .build()
 }
 
+/// Samples a bridge's rustdds reader caches before it drops the oldest
+/// untaken (rustdds acknowledges a sample when it arrives, so under
+/// keep-all a full cache loses samples: counted in
+/// [`BridgeCounts::rtps_samples_lost`]). rustdds's default is 64; the
+/// bridge's `ReaderQos` limits its Spindle reader, not this one (the CLI
+/// gives that 65,536, and rustdds slows down as its cache grows).
+/// Unpaced `ddsperf pub` into `spindle dds sub --rtps` (2026-12-03, 2
+/// vCPUs, `dds sub` with a 1024-slot window, 5 s runs): 16 B 107-142 k
+/// samples/s taken with 64, 127-220 k with 1,024-4,096, 29-77 k with
+/// 16,384-65,536; 1 KiB 152-167 k with 64 (264-311 k lost), 181-203 k
+/// with 1,024, 228 k with 2,048 (58-1,960 lost), 118 k with 16,384 (one or
+/// two runs each). At most this many samples of
+/// the topic's size are held (128 MiB of 64 KiB samples).
+pub const RTPS_READER_CACHE_SAMPLES: i32 = 2048;
+
 /// The RTPS QoS of a bridge's reader.
 fn rtps_reader_qos(qos: &ReaderQos) -> QosPolicies {
     QosPolicyBuilder::new()
         .reliability(rtps_reliability(qos.reliability))
         .history(rtps_history(qos.history))
         .durability(rtps_durability(qos.durability))
+        .resource_limits(policy::ResourceLimits {
+            max_samples: RTPS_READER_CACHE_SAMPLES,
+            max_instances: RTPS_READER_CACHE_SAMPLES,
+            max_samples_per_instance: RTPS_READER_CACHE_SAMPLES,
+        })
         .build()
 }
 
