@@ -229,11 +229,12 @@ const SUB_SAMPLE_BYTES_MAX: usize = (64 << 10) + 4096;
 /// `dds sub`'s send window: the widest. With slots of
 /// [`SUB_SAMPLE_BYTES_MAX`], the participant's default (what fits in 8
 /// MiB) is 64 slots, and the bridge's writes into the group waited on
-/// that window: unpaced `ddsperf pub size 16` into `dds sub --rtps`
-/// (2026-12-03) took 82-83 k samples/s with 64 slots, 142-164 k with
-/// 1024 (1 KiB samples: 101 k → 136 k; 64 KiB: 13.8 k, unchanged). The
-/// ring is 1024 slots of 68 KiB of address space; a slot's pages are
-/// touched only as far as its samples reach.
+/// that window: unpaced `ddsperf pub` into `dds sub --rtps`
+/// (2026-12-03, `bench/peers/cyclone-rtps-compare.sh`, two alternated
+/// pairs) took 59.6-82.5 k samples/s of 16 B with 64 slots, 102-141 k
+/// with 1024; 1 KiB 79-85 k → 186-199 k; 64 KiB unchanged. The cost is
+/// the ring: 1024 slots of 68 KiB, and `dds sub`'s resident memory went
+/// from 31 MB to 101 MB.
 const SUB_WINDOW_SLOTS: usize = WINDOW_SLOTS_MAX;
 
 fn rtps_config(c: &EndpointArgs) -> Result<RtpsConfig, String> {
@@ -250,8 +251,8 @@ fn rtps_config(c: &EndpointArgs) -> Result<RtpsConfig, String> {
     Ok(RtpsConfig::new(domain).loopback_only(loopback))
 }
 
-/// The participant of `dds pub`, `dds sub` or `dds perf`: `window_slots`
-/// is the command's own default, which `--window-slots` overrides.
+/// The participant of `dds pub` or `dds sub`: `window_slots` is the
+/// command's own default, which `--window` overrides.
 fn participant(
     c: &EndpointArgs,
     max_sample_bytes: usize,
