@@ -21,6 +21,12 @@ fn example_path(name: &str) -> PathBuf {
 /// Run example `name` with `env`, wait (bounded), and return its stdout;
 /// panics with the output unless it exits 0.
 fn run_example(name: &str, args: &[&str], env: &[(String, String)]) -> String {
+    run_example_exiting(name, args, env, &[0]).1
+}
+
+/// As [`run_example`], accepting any exit code in `codes`: the code and
+/// stdout, stderr.
+fn run_example_exiting(name: &str, args: &[&str], env: &[(String, String)], codes: &[i32]) -> (i32, String, String) {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let path = example_path(name);
@@ -46,10 +52,10 @@ fn run_example(name: &str, args: &[&str], env: &[(String, String)]) -> String {
     };
     let output = child.wait_with_output().expect("the example's output");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    match status {
-        Some(s) if s.success() => stdout,
-        Some(s) => panic!("example {name} failed ({s}):\n{stdout}\n{stderr}"),
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    match status.map(|s| (s, s.code())) {
+        Some((_, Some(code))) if codes.contains(&code) => (code, stdout, stderr),
+        Some((s, _)) => panic!("example {name} failed ({s}):\n{stdout}\n{stderr}"),
         None => panic!("example {name} ran longer than {EXAMPLE_RUN_MAX:?}:\n{stdout}\n{stderr}"),
     }
 }
@@ -115,12 +121,54 @@ fn kv_client_talks_to_the_replicated_store_through_the_redis_crate() {
     assert!(out.contains("stopped cleanly"), "{out}");
 }
 
+/// `node X: received R/200, missed deadlines M, …` of the rt ring's output.
+fn ring_node(out: &str, node: &str) -> (u64, u64) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("node {node}: received ")))
+        .unwrap_or_else(|| panic!("no line for node {node}:\n{out}"));
+    let number_after = |key: &str| -> u64 {
+        let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key:?} in {line:?}")) + key.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (number_after("received "), number_after("missed deadlines "))
+}
+
+/// Every message goes around the ring, or the example says which were
+/// lost to missed deadlines (exit 2): a time-driven channel drops a
+/// message only when a channel misses two jobs in a row, which a loaded
+/// 2-vCPU host can make happen (CI did, 2026-12-03: 1 of 200 at each node,
+/// 26-36 missed deadlines each; once on an idle one: 3 lost, 3-5 missed
+/// each); no loss beyond what the misses explain. The catch-up after one
+/// miss is checked deterministically in `crates/rt/tests/receive_catch_up.rs`.
 #[test]
 fn rt_ring_moves_every_message_around_the_ring() {
-    let out = run_example("rt_ring", &[], &[]);
-    for node in ["A", "B", "C"] {
-        assert!(out.contains(&format!("node {node}: received 200/200")), "{out}");
+    let (code, out, err) = run_example_exiting("rt_ring", &[], &[], &[0, 2]);
+    let nodes = ["A", "B", "C"];
+    let counts: Vec<(u64, u64)> = nodes.iter().map(|n| ring_node(&out, n)).collect();
+    if code == 0 {
+        for (node, (received, _)) in nodes.iter().zip(&counts) {
+            assert_eq!(*received, 200, "node {node}:\n{out}");
+        }
+        return;
     }
+    assert!(err.contains("messages lost to missed deadlines"), "{out}\n{err}");
+    assert!(counts.iter().any(|c| c.0 < 200), "exit 2 with nothing lost:\n{out}");
+    for (k, (received, missed)) in counts.iter().enumerate() {
+        // Node k receives what node k - 1 sends.
+        let sender_missed = counts[(k + 2) % 3].1;
+        assert!(
+            2 * (200 - received) <= missed + sender_missed,
+            "node {}: {} lost with {missed} + {sender_missed} missed deadlines:\n{out}\n{err}",
+            nodes[k],
+            200 - received
+        );
+    }
+    eprintln!("rt_ring lost messages to missed deadlines on this host (allowed):\n{out}{err}");
 }
 
 #[test]
