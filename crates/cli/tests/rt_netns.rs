@@ -162,32 +162,51 @@ fn clock_and_ring_across_three_network_namespaces() {
     assert_eq!(v["outside_bound"], 0, "true time outside the reported interval: {v}");
 
     let ring = dir.path().join("ring.json");
-    let addresses = net.addresses(7410);
-    let out = spindle_rt(
-        &net,
-        &[
-            "ring",
-            // Deadlines far above any stall this kind of VM has shown
-            // (12.7 ms): the test is about messages crossing namespaces on
-            // an admitted schedule, and a CI host that stalled 1.1 ms in a
-            // member's calibration rejected 1.5 ms deadlines (rightly).
-            "--periods",
-            "10",
-            "--period-us",
-            "250000",
-            "--deadline-us",
-            "20000",
-            "--jitter-samples",
-            "20",
-            "--declared-jitter-us",
-            "0",
-            "--clock-budget-us",
-            "500",
-            "--addresses",
-            &addresses,
-        ],
-        &ring,
-    );
+    // Deadlines far above any stall this kind of VM has shown: the test is
+    // about messages crossing namespaces on an admitted schedule. A CI
+    // host that stalled 1.1 ms in a member's calibration rejected 1.5 ms
+    // deadlines, one that stalled 19.8 ms (2026-12-03) rejected 20 ms
+    // (rightly, with the reason). A rejection for the interference a
+    // member measured is admission control doing its job: the ring is
+    // tried once more with a 4x wider schedule before the test fails.
+    let schedules = [("250000", "20000"), ("1000000", "80000")];
+    let mut out = None;
+    for (attempt, (period_us, deadline_us)) in schedules.iter().enumerate() {
+        let addresses = net.addresses(7410 + 10 * attempt as u16);
+        let o = spindle_rt(
+            &net,
+            &[
+                "ring",
+                "--periods",
+                "10",
+                "--period-us",
+                period_us,
+                "--deadline-us",
+                deadline_us,
+                "--jitter-samples",
+                "20",
+                "--declared-jitter-us",
+                "0",
+                "--clock-budget-us",
+                "500",
+                "--addresses",
+                &addresses,
+            ],
+            &ring,
+        );
+        let said = text(&o);
+        let rejected_for_interference =
+            !o.status.success() && said.contains("REJECTED at commit") && said.contains("interference");
+        if rejected_for_interference && attempt + 1 < schedules.len() {
+            println!(
+                "deadline {deadline_us} µs rejected for this host's interference, trying a wider schedule: {said}"
+            );
+            continue;
+        }
+        out = Some(o);
+        break;
+    }
+    let out = out.expect("a last attempt");
     assert!(out.status.success(), "ring across namespaces failed: {}", text(&out));
     let v = json(&ring);
     assert_eq!(v["transport"], "tcp-netns", "{v}");
