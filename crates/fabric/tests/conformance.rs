@@ -88,6 +88,11 @@ macro_rules! conformance_suite {
             }
 
             #[test]
+            fn vectored_push_arrives_in_order() {
+                suite::vectored_push_arrives_in_order::<$harness>();
+            }
+
+            #[test]
             fn out_of_range_push_is_refused() {
                 suite::out_of_range_push_is_refused::<$harness>();
             }
@@ -281,6 +286,18 @@ pub struct CoalescedTcp {
     explicit_flush: bool,
 }
 
+impl CoalescedTcp {
+    /// After a small push (a guard or an ack): send what is pending, by an
+    /// explicit flush or a doorbell ring.
+    fn flush_after(&self, small: bool) {
+        if small && self.explicit_flush {
+            self.fabric.flush();
+        } else if small {
+            self.fabric.doorbell().ring();
+        }
+    }
+}
+
 impl Fabric for CoalescedTcp {
     fn member_rank(&self) -> usize {
         self.fabric.member_rank()
@@ -301,11 +318,18 @@ impl Fabric for CoalescedTcp {
     ) -> Result<(), spindle_fabric::FabricError> {
         let small = range.len() <= 8;
         self.fabric.push(range, peers)?;
-        if small && self.explicit_flush {
-            self.fabric.flush();
-        } else if small {
-            self.fabric.doorbell().ring();
-        }
+        self.flush_after(small);
+        Ok(())
+    }
+    fn push_vectored(
+        &self,
+        ranges: &[std::ops::Range<usize>],
+        peers: spindle_fabric::PeerSet,
+    ) -> Result<(), spindle_fabric::FabricError> {
+        // The coalescing fabric's own vectored push (each range copied
+        // into the pending buffer), flushed when it ends with a guard.
+        self.fabric.push_vectored(ranges, peers)?;
+        self.flush_after(ranges.last().is_some_and(|r| r.len() <= 8));
         Ok(())
     }
     fn check_peers(&self) -> Result<(), spindle_fabric::FabricError> {
@@ -604,6 +628,63 @@ mod suite {
                 },
             );
             assert!(observations > 0);
+        });
+    }
+
+    /// (b') `push_vectored`: the data split into more ranges than one
+    /// `sendmsg` of the tcp fabric frames (64 of 64 B, one empty), then
+    /// the guard, all in one call: a member that sees the guard sees every
+    /// range before it. A vectored push with a range out of bounds is
+    /// refused before anything is pushed.
+    pub fn vectored_push_arrives_in_order<H: Harness>() {
+        const ROUNDS: u64 = 2_000;
+        const PIECES: usize = 64;
+        const PIECE_BYTES: usize = DATA_BYTES / PIECES;
+        let harness = H::new_group("vectored", 2, ROW_BYTES);
+        let fabrics = open_all(&harness, 2);
+        run_members(&fabrics, |fabric, team| {
+            let peer = 1 - fabric.member_rank();
+            let to_peer = PeerSet(1 << peer);
+            let mine = fabric.row(fabric.member_rank());
+            let theirs = fabric.row(peer);
+            let len = fabric.row_len_bytes();
+            if H::PUSH_CHECKS_RANGE_IN_RELEASE {
+                match fabric.push_vectored(&[DATA..DATA + 8, len..len + 8], to_peer) {
+                    Err(FabricError::PushOutOfBounds { start, .. }) => assert_eq!(start, len),
+                    other => panic!("a vectored push past the row gave {other:?}"),
+                }
+            }
+            for round in 1..=ROUNDS {
+                if fabric.member_rank() == 0 {
+                    team.wait_until(
+                        || format!("member 1 to acknowledge round {}", round - 1),
+                        || theirs.u64_at(ACK).load(Acquire) >= round - 1,
+                    );
+                    write_pattern(fabric, round);
+                    // Partner: the Acquire load of GUARD by member 1 below.
+                    mine.u64_at(GUARD).store(round, Release);
+                    let mut ranges: Vec<std::ops::Range<usize>> = (0..PIECES)
+                        .map(|i| DATA + i * PIECE_BYTES..DATA + (i + 1) * PIECE_BYTES)
+                        .collect();
+                    ranges.insert(PIECES / 2, DATA..DATA);
+                    ranges.push(GUARD..GUARD + 8);
+                    fabric
+                        .push_vectored(&ranges, to_peer)
+                        .unwrap_or_else(|e| panic!("vectored push in round {round}: {e}"));
+                } else {
+                    team.wait_until(
+                        || format!("member 0's guard to reach round {round}"),
+                        // Partner: the Release store of GUARD by member 0.
+                        || theirs.u64_at(GUARD).load(Acquire) >= round,
+                    );
+                    let guard = theirs.u64_at(GUARD).load(Acquire);
+                    assert_eq!(guard, round, "member 0 ran ahead of the acknowledgements");
+                    check_pattern(fabric, 0, round);
+                    // Partner: the Acquire load of ACK by member 0 above.
+                    mine.u64_at(ACK).store(round, Release);
+                    push(fabric, ACK..ACK + 8, to_peer);
+                }
+            }
         });
     }
 

@@ -150,6 +150,10 @@ impl Fabric for AnyFabric {
     fn push(&self, range: Range<usize>, peers: PeerSet) -> Result<(), FabricError> {
         each!(self, f => f.push(range, peers))
     }
+    #[inline]
+    fn push_vectored(&self, ranges: &[Range<usize>], peers: PeerSet) -> Result<(), FabricError> {
+        each!(self, f => f.push_vectored(ranges, peers))
+    }
     fn check_peers(&self) -> Result<(), FabricError> {
         each!(self, f => f.check_peers())
     }

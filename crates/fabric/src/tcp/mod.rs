@@ -33,7 +33,8 @@
 //!   counted ([`TcpFabric::handshake_stats`], `spindle stat`) and never
 //!   fails `open` or the running member.
 //! - **Threads**: the caller's thread pushes: one `sendmsg` per push and
-//!   peer (headers and row bytes gathered without a copy), or, with
+//!   peer (headers and row bytes gathered without a copy; one for all the
+//!   ranges of a [`Fabric::push_vectored`]), or, with
 //!   [`TcpOptions::coalesce`], one per progress pass (small pushes copied
 //!   into a per-peer buffer, flushed at a doorbell ring or by
 //!   [`Fabric::flush`], which the group layer calls at the end of every
@@ -509,7 +510,29 @@ impl Fabric for TcpFabric {
                 continue; // reported by check_peers
             }
             // An error marked the peer Gone (see send_push).
-            let _ = self.send_push(peer, &range);
+            let _ = self.send_push(peer, std::slice::from_ref(&range));
+        }
+        Ok(())
+    }
+
+    /// One `sendmsg` per peer for all of `ranges` (the iovec budget
+    /// allowing: 16 frames per call); with
+    /// coalescing, each range as [`Fabric::push`] would.
+    fn push_vectored(&self, ranges: &[Range<usize>], peers: PeerSet) -> Result<(), FabricError> {
+        for range in ranges {
+            check_range(range, self.inner.row_len_bytes)?;
+        }
+        if ranges.iter().all(|r| r.is_empty()) {
+            return Ok(());
+        }
+        // The writes below read the row; order the caller's stores first.
+        fence(Ordering::Release);
+        for peer in peers.iter().filter(|p| *p < self.member_count && *p != self.rank) {
+            if self.inner.status(peer) != PeerStatus::Connected {
+                continue; // reported by check_peers
+            }
+            // An error marked the peer Gone (see send_push).
+            let _ = self.send_push(peer, ranges);
         }
         Ok(())
     }

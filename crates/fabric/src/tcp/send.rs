@@ -39,7 +39,7 @@ impl Inner {
                 w.pending_len = 0;
                 continue;
             }
-            if let Err(e) = self.send_frames(peer, &mut w, None) {
+            if let Err(e) = self.send_frames(peer, &mut w, &[]) {
                 // Under the writer lock: a reconnection installs its stream
                 // (and then Connected) only after this.
                 self.set_status(peer, PeerStatus::Gone, Some(format!("sending to it failed: {e}")));
@@ -47,10 +47,10 @@ impl Inner {
         }
     }
 
-    /// Send `w`'s pending bytes, then (if given) `range` of the own row as
-    /// frames straight from the row, in as few `sendmsg` calls as the
+    /// Send `w`'s pending bytes, then `ranges` of the own row, in order,
+    /// as frames straight from the row, in as few `sendmsg` calls as the
     /// iovec budget allows.
-    pub(super) fn send_frames(&self, peer: usize, w: &mut PeerWriter, range: Option<&Range<usize>>) -> io::Result<()> {
+    pub(super) fn send_frames(&self, peer: usize, w: &mut PeerWriter, ranges: &[Range<usize>]) -> io::Result<()> {
         let base = self.row_ptr(self.rank);
         let Some(fd) = w.stream.as_ref().map(|s| s.as_raw_fd()) else {
             w.pending_len = 0;
@@ -72,10 +72,20 @@ impl Inner {
             };
             n_iov = 1;
         }
-        let (mut at, end) = range.map(|r| (r.start, r.end)).unwrap_or((0, 0));
+        // The next range to frame, and where in it the next frame starts.
+        let mut next = 0;
+        let (mut at, mut end) = (0, 0);
         loop {
             let mut frames = 0;
-            while frames < FRAMES_PER_SEND_MAX && at < end {
+            while frames < FRAMES_PER_SEND_MAX {
+                if at >= end {
+                    match ranges.get(next) {
+                        Some(r) => (at, end) = (r.start, r.end),
+                        None => break,
+                    }
+                    next += 1;
+                    continue;
+                }
                 let len = (end - at).min(FRAME_PAYLOAD_MAX);
                 headers[frames] = encode_write(at as u64, len as u32);
                 iov[n_iov] = libc::iovec {
@@ -83,7 +93,8 @@ impl Inner {
                     iov_len: FRAME_HEADER_BYTES,
                 };
                 iov[n_iov + 1] = libc::iovec {
-                    // SAFETY: at + len <= row_len_bytes (range checked by push).
+                    // SAFETY: at + len <= row_len_bytes (every range is
+                    // checked by push or push_vectored).
                     iov_base: unsafe { base.add(at) } as *mut libc::c_void,
                     iov_len: len,
                 };
@@ -119,7 +130,7 @@ impl Inner {
             w.pending_len = 0;
             sent?;
             n_iov = 0;
-            if at >= end {
+            if at >= end && next >= ranges.len() {
                 break;
             }
         }
@@ -128,15 +139,25 @@ impl Inner {
 }
 
 impl TcpFabric {
-    /// Send one push (already range-checked) to one peer: copied into the
-    /// pending buffer when coalescing and small, else sent now (after the
-    /// pending bytes, in the same `sendmsg`).
-    pub(super) fn send_push(&self, peer: usize, range: &Range<usize>) -> io::Result<()> {
+    /// Send pushes of `ranges` (already range-checked), in order, to one
+    /// peer: when coalescing, each small one is copied into the pending
+    /// buffer (a large one is sent now, after the pending bytes); else all
+    /// are sent now, after the pending bytes, in one `sendmsg` as far as
+    /// the iovec budget allows.
+    pub(super) fn send_push(&self, peer: usize, ranges: &[Range<usize>]) -> io::Result<()> {
         let Some(writer) = &self.inner.writers[peer] else {
             return Ok(());
         };
         let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
-        let result = self.send_push_locked(peer, &mut w, range);
+        let result = if self.inner.coalesce {
+            // An empty range would be an empty WRITE frame: a fault.
+            ranges
+                .iter()
+                .filter(|range| !range.is_empty())
+                .try_for_each(|range| self.send_push_locked(peer, &mut w, range))
+        } else {
+            self.inner.send_frames(peer, &mut w, ranges)
+        };
         if let Err(e) = &result {
             // A broken connection is the peer's loss, reported by
             // check_peers; the push to the others goes on. Under the writer
@@ -151,7 +172,7 @@ impl TcpFabric {
         let len = range.len();
         if self.inner.coalesce && len <= COALESCE_PUSH_BYTES_MAX {
             if w.pending_len + FRAME_HEADER_BYTES + len > w.pending.len() {
-                self.inner.send_frames(peer, w, None)?;
+                self.inner.send_frames(peer, w, &[])?;
             }
             let at = w.pending_len;
             w.pending[at..at + FRAME_HEADER_BYTES].copy_from_slice(&encode_write(range.start as u64, len as u32));
@@ -170,7 +191,7 @@ impl TcpFabric {
             w.pending_len = at + FRAME_HEADER_BYTES + len;
             return Ok(());
         }
-        self.inner.send_frames(peer, w, Some(range))
+        self.inner.send_frames(peer, w, std::slice::from_ref(range))
     }
 }
 
