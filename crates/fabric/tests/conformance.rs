@@ -553,30 +553,16 @@ mod suite {
             let peer = 1 - fabric.member_rank();
             let to_peer = PeerSet(1 << peer);
             let mine = fabric.row(fabric.member_rank());
-            let theirs = fabric.row(peer);
             for round in 1..=ROUNDS {
                 if fabric.member_rank() == 0 {
-                    team.wait_until(
-                        || format!("member 1 to acknowledge round {}", round - 1),
-                        || theirs.u64_at(ACK).load(Acquire) >= round - 1,
-                    );
+                    wait_for_ack(fabric, team, round - 1);
                     write_pattern(fabric, round);
                     push(fabric, DATA..DATA + DATA_BYTES, to_peer);
                     // Partner: the Acquire load of GUARD by member 1 below.
                     mine.u64_at(GUARD).store(round, Release);
                     push(fabric, GUARD..GUARD + 8, to_peer);
                 } else {
-                    team.wait_until(
-                        || format!("member 0's guard to reach round {round}"),
-                        // Partner: the Release store of GUARD by member 0.
-                        || theirs.u64_at(GUARD).load(Acquire) >= round,
-                    );
-                    let guard = theirs.u64_at(GUARD).load(Acquire);
-                    assert_eq!(guard, round, "member 0 ran ahead of the acknowledgements");
-                    check_pattern(fabric, 0, round);
-                    // Partner: the Acquire load of ACK by member 0 above.
-                    mine.u64_at(ACK).store(round, Release);
-                    push(fabric, ACK..ACK + 8, to_peer);
+                    take_round_and_ack(fabric, team, round);
                 }
             }
         });
@@ -646,7 +632,6 @@ mod suite {
             let peer = 1 - fabric.member_rank();
             let to_peer = PeerSet(1 << peer);
             let mine = fabric.row(fabric.member_rank());
-            let theirs = fabric.row(peer);
             let len = fabric.row_len_bytes();
             if H::PUSH_CHECKS_RANGE_IN_RELEASE {
                 match fabric.push_vectored(&[DATA..DATA + 8, len..len + 8], to_peer) {
@@ -656,10 +641,7 @@ mod suite {
             }
             for round in 1..=ROUNDS {
                 if fabric.member_rank() == 0 {
-                    team.wait_until(
-                        || format!("member 1 to acknowledge round {}", round - 1),
-                        || theirs.u64_at(ACK).load(Acquire) >= round - 1,
-                    );
+                    wait_for_ack(fabric, team, round - 1);
                     write_pattern(fabric, round);
                     // Partner: the Acquire load of GUARD by member 1 below.
                     mine.u64_at(GUARD).store(round, Release);
@@ -672,17 +654,7 @@ mod suite {
                         .push_vectored(&ranges, to_peer)
                         .unwrap_or_else(|e| panic!("vectored push in round {round}: {e}"));
                 } else {
-                    team.wait_until(
-                        || format!("member 0's guard to reach round {round}"),
-                        // Partner: the Release store of GUARD by member 0.
-                        || theirs.u64_at(GUARD).load(Acquire) >= round,
-                    );
-                    let guard = theirs.u64_at(GUARD).load(Acquire);
-                    assert_eq!(guard, round, "member 0 ran ahead of the acknowledgements");
-                    check_pattern(fabric, 0, round);
-                    // Partner: the Acquire load of ACK by member 0 above.
-                    mine.u64_at(ACK).store(round, Release);
-                    push(fabric, ACK..ACK + 8, to_peer);
+                    take_round_and_ack(fabric, team, round);
                 }
             }
         });
@@ -798,6 +770,34 @@ mod suite {
     }
 
     // ---- helpers ----------------------------------------------------------
+
+    /// Member 0 of a two-member round: wait until member 1 acknowledged
+    /// `round` (flow control: the data is not rewritten while read).
+    fn wait_for_ack<F: Fabric>(fabric: &F, team: &Team, round: u64) {
+        let theirs = fabric.row(1);
+        team.wait_until(
+            || format!("member 1 to acknowledge round {round}"),
+            // Partner: the Release store of ACK in take_round_and_ack.
+            || theirs.u64_at(ACK).load(Acquire) >= round,
+        );
+    }
+
+    /// Member 1 of a two-member round: wait for member 0's guard to reach
+    /// `round`, check the whole pattern of that round, acknowledge it.
+    fn take_round_and_ack<F: Fabric>(fabric: &F, team: &Team, round: u64) {
+        let theirs = fabric.row(0);
+        team.wait_until(
+            || format!("member 0's guard to reach round {round}"),
+            // Partner: the Release store of GUARD by member 0.
+            || theirs.u64_at(GUARD).load(Acquire) >= round,
+        );
+        let guard = theirs.u64_at(GUARD).load(Acquire);
+        assert_eq!(guard, round, "member 0 ran ahead of the acknowledgements");
+        check_pattern(fabric, 0, round);
+        // Partner: the Acquire load of ACK in wait_for_ack.
+        fabric.row(1).u64_at(ACK).store(round, Release);
+        push(fabric, ACK..ACK + 8, PeerSet(0b01));
+    }
 
     fn push<F: Fabric>(fabric: &F, range: std::ops::Range<usize>, peers: PeerSet) {
         fabric
