@@ -544,7 +544,8 @@ const FLUSHER_NAP_MAX: Duration = Duration::from_millis(2);
 /// Disk durability: sync while there is work (each round covers all that
 /// arrived during the previous one: group commit); idle on the doorbell
 /// when there is none, as the echo thread does ([`reply_idle`]: spin
-/// briefly, then park; a yielding syncer would receive nothing on tcp).
+/// briefly on shm, park at once on tcp; a yielding syncer would receive
+/// nothing on tcp).
 fn syncer_loop<F: Fabric>(s: &Shared<F>, mut appender: SegmentAppender) -> Result<(), String> {
     let mut idler = Idler::new(reply_idle(s.idle, &*s.fabric));
     let doorbell = s.fabric.doorbell();
@@ -609,9 +610,9 @@ fn s_completion<F: Fabric>(s: &Shared<F>) -> Completion {
 /// doorbell while the master's guard for us has not moved. Neither
 /// receives while it spins: on tcp the frame that moves the guard is
 /// taken by the fabric's receive thread, or by this thread once it parks
-/// on the sockets. So it spins only briefly and never yields (a yielding
-/// thread receives nothing, and the receive thread naps while this one
-/// has parked lately): see [`reply_idle`].
+/// on the sockets. So it does not spin there, and never yields (a
+/// yielding thread receives nothing, and the receive thread naps while
+/// this one has parked lately): see [`reply_idle`].
 fn copier_loop<F: Fabric>(s: &Shared<F>, step: fn(&Shared<F>) -> Result<u32, String>) -> Result<(), String> {
     let mut idler = Idler::new(reply_idle(s.idle, &*s.fabric));
     let doorbell = s.fabric.doorbell();

@@ -131,8 +131,9 @@ pub struct NodeConfig {
     /// is there at open is recovered (restart after a total stop).
     pub data_dir: PathBuf,
     /// How the rpc copier, the tcp echo thread and the disk syncer idle:
-    /// a backoff's spins, at most 200 of them, then a park of at least
-    /// 10 ms, never a yield (`backup::reply_idle`); a busy spin as is.
+    /// a backoff's spins, at most 200 of them (none over tcp, where
+    /// nobody receives while they spin), then a park of at least 10 ms,
+    /// never a yield (`backup::reply_idle`); a busy spin as is.
     pub idle: IdleStrategy,
     pub join_timeout: Duration,
     /// The master's lease ([`crate::failover`]): it answers only while a
