@@ -430,6 +430,7 @@ fn serve_as_master<F: Membership>(leader: Leader<F>, config: &ServiceConfig, ran
         ServeOptions {
             clients_max: config.clients_max,
             idle_timeout: config.idle_timeout,
+            poll_spin_after_work: config.poll_spin,
             value_bytes_max: config.value_bytes_max,
             info_extra,
             stop: Some(&STOP),

@@ -24,6 +24,7 @@
 //! memory_bytes_max = 268_435_456
 //! clients_max = 1024       # one more client is told "max number of clients reached"
 //! idle_timeout_s = 300      # close a client with no request or reply for this long; 0: never
+//! poll_spin_us = 50         # after a round with requests, poll this long before blocking; 0: block at once
 //! lease_ms = 400            # the master answers only while a majority renewed its lease within
 //!                           # this; tcp: a new master after lease × 5/3 without heartbeats
 //! ```
@@ -62,6 +63,9 @@ pub struct ServiceConfig {
     /// Close a client that sends no complete request for this long (idle
     /// or a request left half-sent); zero: never.
     pub idle_timeout: std::time::Duration,
+    /// How long the server's loop polls without blocking after a round
+    /// with events ([`crate::server::ServeOptions::poll_spin_after_work`]).
+    pub poll_spin: std::time::Duration,
     /// The master's lease (see the replica crate's `failover` module).
     pub lease: std::time::Duration,
 }
@@ -139,6 +143,8 @@ pub mod defaults {
     /// Long enough for any client that is alive (pools ping or reconnect),
     /// short enough that stuck clients free their slots.
     pub const IDLE_TIMEOUT_S: u64 = 300;
+    /// See [`crate::server::POLL_SPIN_AFTER_WORK_DEFAULT`].
+    pub const POLL_SPIN_US: u64 = 50;
 }
 
 impl ServiceConfig {
@@ -165,6 +171,7 @@ impl ServiceConfig {
             clean_slack_segments: defaults::CLEAN_SLACK_SEGMENTS,
             clients_max: defaults::CLIENTS_MAX,
             idle_timeout: std::time::Duration::from_secs(defaults::IDLE_TIMEOUT_S),
+            poll_spin: std::time::Duration::from_micros(defaults::POLL_SPIN_US),
             lease: crate::node::LEASE_DEFAULT,
         }
     }
@@ -223,6 +230,7 @@ impl ServiceConfig {
                 "clean_slack_segments" => c.clean_slack_segments = int()? as u64,
                 "clients_max" => c.clients_max = int()?,
                 "idle_timeout_s" => c.idle_timeout = std::time::Duration::from_secs(int()? as u64),
+                "poll_spin_us" => c.poll_spin = std::time::Duration::from_micros(int()? as u64),
                 "lease_ms" => c.lease = std::time::Duration::from_millis(int()? as u64),
                 other => return Err(at(format!("unknown key '{other}'"))),
             }
@@ -274,6 +282,12 @@ impl ServiceConfig {
             return Err(format!(
                 "idle_timeout_s = {}: expected 0 (never) ..= 31536000 (a year)",
                 self.idle_timeout.as_secs()
+            ));
+        }
+        if self.poll_spin > std::time::Duration::from_micros(POLL_SPIN_US_MAX) {
+            return Err(format!(
+                "poll_spin_us = {}: expected 0 (block at once) ..= {POLL_SPIN_US_MAX}",
+                self.poll_spin.as_micros()
             ));
         }
         if !(LEASE_MS_MIN..=LEASE_MS_MAX).contains(&(self.lease.as_millis() as u64)) {
@@ -346,7 +360,7 @@ impl ServiceConfig {
 
     fn to_text_but_durability(&self) -> String {
         format!(
-            "group = \"{}\"\ntransport = \"{}\"\npeers = \"{}\"\nkey = \"{}\"\nspares = {}\nbackups = {}\nmode = \"{}\"\nbind = \"{}\"\nport = {}\ndata_dir = \"{}\"\nsegment_bytes = {}\nsegments = {}\nvalue_bytes_max = {}\nmemory_bytes_max = {}\nclean_slack_segments = {}\nclients_max = {}\nidle_timeout_s = {}\nlease_ms = {}\n",
+            "group = \"{}\"\ntransport = \"{}\"\npeers = \"{}\"\nkey = \"{}\"\nspares = {}\nbackups = {}\nmode = \"{}\"\nbind = \"{}\"\nport = {}\ndata_dir = \"{}\"\nsegment_bytes = {}\nsegments = {}\nvalue_bytes_max = {}\nmemory_bytes_max = {}\nclean_slack_segments = {}\nclients_max = {}\nidle_timeout_s = {}\npoll_spin_us = {}\nlease_ms = {}\n",
             self.group,
             self.transport.as_str(),
             self.peers.join(","),
@@ -364,6 +378,7 @@ impl ServiceConfig {
             self.clean_slack_segments,
             self.clients_max,
             self.idle_timeout.as_secs(),
+            self.poll_spin.as_micros(),
             self.lease.as_millis()
         )
     }
@@ -398,6 +413,9 @@ impl ServiceConfig {
 /// ms; a lease over a minute makes a failover take minutes.
 pub const LEASE_MS_MIN: u64 = 50;
 pub const LEASE_MS_MAX: u64 = 60_000;
+/// Longest `poll_spin_us`: 10 ms of polling after each round is already
+/// a core kept busy by any client that sends more often than that.
+pub const POLL_SPIN_US_MAX: u64 = 10_000;
 
 fn strip_comment(line: &str) -> &str {
     let mut in_string = false;
@@ -441,6 +459,12 @@ mod tests {
         assert!(ServiceConfig::parse("idle_timeout_s = 99999999999")
             .unwrap_err()
             .contains("idle_timeout_s = 99999999999"));
+        let spin = ServiceConfig::parse("poll_spin_us = 0").unwrap();
+        assert_eq!(spin.poll_spin, std::time::Duration::ZERO);
+        assert_eq!(ServiceConfig::parse(&spin.to_text()).unwrap(), spin);
+        assert!(ServiceConfig::parse("poll_spin_us = 10001")
+            .unwrap_err()
+            .contains("poll_spin_us = 10001: expected 0 (block at once) ..= 10000"));
         assert!(ServiceConfig::parse("clients_max = 0")
             .unwrap_err()
             .contains("clients_max = 0"));

@@ -52,13 +52,11 @@ use crate::store::ObjectMap;
 /// flag (and the idle clients) again.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
 
-/// How long after a round that had events the loop keeps polling
-/// (`epoll_wait` with no timeout) before it blocks again. A client that
+/// Default of [`ServeOptions::poll_spin_after_work`]. A client that
 /// writes one request at a time sends its next one a few tens of
 /// microseconds after its reply; on a virtual machine a blocked thread on
-/// an idle CPU then took ~25 µs more to run. A bounded spin, taken only
-/// after work (an idle service still blocks), not per request.
-const POLL_SPIN_AFTER_WORK_NS: u64 = 50_000;
+/// an idle CPU then took ~25 µs more to run (bench/RESULTS-replica.md).
+pub const POLL_SPIN_AFTER_WORK_DEFAULT: Duration = Duration::from_micros(50);
 
 /// Serving parameters.
 #[derive(Clone, Debug)]
@@ -68,6 +66,11 @@ pub struct ServeOptions<'a> {
     /// its replies for this long (it is closed within 5 ms and one round
     /// after); zero: never.
     pub idle_timeout: Duration,
+    /// How long after a round that had events the loop keeps polling
+    /// (`epoll_wait` without a timeout) before it blocks again: a bounded
+    /// spin, taken only after work (an idle service blocks), that takes
+    /// a client's next request without a wake-up. Zero: block at once.
+    pub poll_spin_after_work: Duration,
     pub value_bytes_max: usize,
     /// Extra `INFO` lines (role, recovery …).
     pub info_extra: String,
@@ -366,11 +369,12 @@ pub fn serve<F: Membership>(
     let mut listener_paused_at: Option<Instant> = None;
     // When the last round with events ended (monotonic ns).
     let mut last_events_ns = 0u64;
+    let poll_spin_ns = options.poll_spin_after_work.as_nanos().min(u64::MAX as u128) as u64;
     let served = loop {
         if service.stopping() {
             break Ok(());
         }
-        let spinning = spindle_runtime::monotonic_ns().saturating_sub(last_events_ns) < POLL_SPIN_AFTER_WORK_NS;
+        let spinning = spindle_runtime::monotonic_ns().saturating_sub(last_events_ns) < poll_spin_ns;
         let n = match epoll.wait(&mut events, if spinning { Duration::ZERO } else { POLL_INTERVAL }) {
             Ok(n) => n,
             Err(e) => break Err(ServeError::Listener(e)),
@@ -839,6 +843,7 @@ mod tests {
                 let options = ServeOptions {
                     clients_max,
                     idle_timeout: Duration::ZERO,
+                    poll_spin_after_work: POLL_SPIN_AFTER_WORK_DEFAULT,
                     value_bytes_max: 2048,
                     info_extra: String::new(),
                     stop: Some(&stop),

@@ -59,6 +59,7 @@ fn answering_pipelined_gets_allocates_nothing_once_warm() {
             let options = ServeOptions {
                 clients_max: 4,
                 idle_timeout: Duration::ZERO,
+                poll_spin_after_work: spindle_replica::server::POLL_SPIN_AFTER_WORK_DEFAULT,
                 value_bytes_max: 2048,
                 info_extra: String::new(),
                 stop: Some(&stop),

@@ -164,6 +164,7 @@ struct Shared {
     listener: TcpListener,
     clients_max: usize,
     idle_timeout: std::time::Duration,
+    poll_spin: std::time::Duration,
     value_bytes_max: usize,
 }
 
@@ -204,6 +205,7 @@ impl KvService {
             listener,
             clients_max: config.clients_max,
             idle_timeout: config.idle_timeout,
+            poll_spin: config.poll_spin,
             value_bytes_max: config.value_bytes_max,
         });
         let mut service = KvService {
@@ -358,6 +360,7 @@ fn member(
     let options = ServeOptions {
         clients_max: shared.clients_max,
         idle_timeout: shared.idle_timeout,
+        poll_spin_after_work: shared.poll_spin,
         value_bytes_max: shared.value_bytes_max,
         info_extra: format!("member_rank:{rank}\r\ntransport:shm\r\n"),
         stop: Some(&shared.stop),
