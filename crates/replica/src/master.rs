@@ -459,8 +459,8 @@ impl<F: Fabric> Master<F> {
     fn publish(&mut self, new_head: u64, range_from: u64) -> Result<(), String> {
         let guard_now = !(self.deferred && self.is_disk());
         if guard_now && self.guard_with_bytes() {
-            for i in 0..self.backups.len() {
-                self.publish_with_guard(self.backups[i], range_from, new_head, new_head)?;
+            for &b in &self.backups {
+                self.publish_with_guard(b, range_from, new_head, new_head)?;
             }
             self.guard_pending = false;
             return Ok(());
@@ -538,8 +538,8 @@ impl<F: Fabric> Master<F> {
         }
         match self.unpushed.take() {
             Some((from, to)) if self.guard_with_bytes() => {
-                for i in 0..self.backups.len() {
-                    self.publish_with_guard(self.backups[i], from, to, self.head)?;
+                for &b in &self.backups {
+                    self.publish_with_guard(b, from, to, self.head)?;
                 }
             }
             unpushed => {

@@ -5,10 +5,10 @@
 //! no complete request for `idle_timeout` (idle, or a request left
 //! half-sent) is closed, so stuck clients cannot hold every slot.
 //!
-//! A round of the loop: one `epoll_wait` (for
-//! 50 µs after a round with events it does not
-//! block, so a client's next request is taken without a wake-up); one read from every ready
-//! client and every complete request it brought executed (the appends
+//! A round of the loop: one `epoll_wait` (which does not block for
+//! `poll_spin_after_work`, 50 µs by default, after a round with events,
+//! so a client's next request is taken without a wake-up); one read from
+//! every ready client and every complete request it brought executed (the appends
 //! do not wait one by one for the backups' replies (rpc) or echoes
 //! (tcp)); then **one commit for the whole round** (one wait for the
 //! backups, housekeeping, the lease), so a round's batches, from every
@@ -374,7 +374,8 @@ pub fn serve<F: Membership>(
         if service.stopping() {
             break Ok(());
         }
-        let spinning = spindle_runtime::monotonic_ns().saturating_sub(last_events_ns) < poll_spin_ns;
+        let spinning =
+            poll_spin_ns > 0 && spindle_runtime::monotonic_ns().saturating_sub(last_events_ns) < poll_spin_ns;
         let n = match epoll.wait(&mut events, if spinning { Duration::ZERO } else { POLL_INTERVAL }) {
             Ok(n) => n,
             Err(e) => break Err(ServeError::Listener(e)),
@@ -413,7 +414,7 @@ pub fn serve<F: Membership>(
                 clients[slot] = None;
             }
         }
-        if n > 0 {
+        if n > 0 && poll_spin_ns > 0 {
             last_events_ns = spindle_runtime::monotonic_ns();
         }
         if accept_now && accept_clients(listener, &epoll, &mut clients, options.clients_max, &mut next_id) {

@@ -499,20 +499,7 @@ impl Fabric for TcpFabric {
     }
 
     fn push(&self, range: Range<usize>, peers: PeerSet) -> Result<(), FabricError> {
-        check_range(&range, self.inner.row_len_bytes)?;
-        if range.is_empty() {
-            return Ok(());
-        }
-        // The writes below read the row; order the caller's stores first.
-        fence(Ordering::Release);
-        for peer in peers.iter().filter(|p| *p < self.member_count && *p != self.rank) {
-            if self.inner.status(peer) != PeerStatus::Connected {
-                continue; // reported by check_peers
-            }
-            // An error marked the peer Gone (see send_push).
-            let _ = self.send_push(peer, std::slice::from_ref(&range));
-        }
-        Ok(())
+        self.push_vectored(std::slice::from_ref(&range), peers)
     }
 
     /// One `sendmsg` per peer for all of `ranges` (the iovec budget
