@@ -42,7 +42,8 @@ one_at_a_time() { # round transport server port wait|nowait
   sync_writes "x" "$4" "$5" | awk -F'|' -v r="$1" -v t="$2" -v s="$3" '{ gsub(/[ ,]/, "", $3); gsub(/ /, "", $4); print r, t, s, "SET-one-at-a-time", $3, $4 / 1000 }' >> "$rows"
 }
 
-rp=16490
+# Redis below every Spindle port (16400 + 10 k), so no round count makes them meet.
+rp=16390
 start_redis $rp
 port=16400
 for round in $(seq 1 "$ROUNDS"); do
@@ -52,6 +53,8 @@ for round in $(seq 1 "$ROUNDS"); do
       --transport "$transport" --data-dir "$work/spindle-$transport-$round" > "$work/spindle-$transport-$round.log" 2>&1 &
     sp=$!; pids+=("$sp")
     wait_ping $port
+    # PONG could come from anything on that port: the run counts only if it is ours.
+    kill -0 "$sp" 2>/dev/null || { echo "spindle kv serve on port $port exited:" >&2; cat "$work/spindle-$transport-$round.log" >&2; exit 1; }
     pipelined "$round" "$transport" spindle $port
     one_at_a_time "$round" "$transport" spindle $port nowait
     kill "$sp"; wait "$sp" 2>/dev/null || true
