@@ -136,12 +136,17 @@ pub struct NapaConfig {
     /// (default 1 s).
     pub rtt_window_ns: u64,
     /// A delivery-rate sample (the capacity estimate's input) spans at
-    /// least this long, and at least two RTTs (default 8 ms, eight control
-    /// periods). Shorter samples see a reader that drains a backlog at
-    /// memory speed after it was descheduled, a rate no writer can keep
+    /// least this long, and at least two RTTs (default 32 ms, thirty-two
+    /// control periods). Shorter samples see a reader that drains a backlog
+    /// at memory speed after it was descheduled, a rate no writer can keep
     /// up: the maximum filter would then hold C several times too high,
     /// `t_m` too short, and the gap (capped at `2·t_m`) could never pace
-    /// the writer below the bottleneck's rate (bench/RESULTS-dds.md).
+    /// the writer below the bottleneck's rate. 1 ms samples did that on
+    /// loopback; 8 ms ones still held C ~1.75× over the achieved rate
+    /// across two network namespaces at 200 KB, the occupancy at 48 of 64
+    /// slots against W = 11 (bench/RESULTS-dds.md). The price: C follows
+    /// a faster path a few samples later (a sample every 32 ms, the filter
+    /// over `rtt_window_ns`).
     pub rate_interval_ns_min: u64,
     /// The writer's hard window; W is clamped to it (default 256).
     pub window_slots_max: u32,
@@ -160,7 +165,7 @@ impl Default for NapaConfig {
             gain_decay_ns: 30_000_000_000,
             link_capacity_bytes_per_s: 125_000_000, // 1 Gb/s, the seed's LAN
             rtt_window_ns: 1_000_000_000,
-            rate_interval_ns_min: 8_000_000,
+            rate_interval_ns_min: 32_000_000,
             window_slots_max: 256,
             gap_ns_max: 100_000_000,
         }
@@ -767,6 +772,12 @@ mod tests {
     #[test]
     fn w_follows_the_seed_formula() {
         // 100 kB at 1 Gb/s: t_m = 800 µs; RTT_1 = 1 ms → ⌈1.25⌉ + 10 − 1 = 11.
+        // Delivery-rate samples of 8 ms (not the default's 32) keep the
+        // story short.
+        let cfg = || NapaConfig {
+            rate_interval_ns_min: 8_000_000,
+            ..cfg()
+        };
         let mut napa = Napa::new(cfg(), 100_000).unwrap();
         assert_eq!(napa.sample_time_ns(), 800_000);
         assert_eq!(napa.high_threshold(), 256, "no RTT yet: the whole window");
@@ -808,7 +819,7 @@ mod tests {
     /// Rate samples of one control period see the burst; NAPA's cap on
     /// the gap (2·t_m) then stays below the path's real time per sample,
     /// so the gap could never pace the writer slower than the path drains.
-    /// The default 8 ms samples span whole cycles.
+    /// The default 32 ms samples span whole cycles.
     #[test]
     fn bursty_acks_do_not_inflate_the_capacity() {
         const SAMPLE_BYTES: u64 = 100_000;
@@ -851,7 +862,68 @@ mod tests {
         let capacity = long.capacity_bytes_per_s();
         assert!(
             capacity * 2 <= 3 * sustained && capacity * 10 >= 9 * sustained,
-            "8 ms samples span whole cycles: C {capacity} against {sustained}"
+            "the default samples span whole cycles: C {capacity} against {sustained}"
+        );
+        assert!(
+            GAP_OVER_SAMPLE_TIME_MAX * long.sample_time_ns() >= SUSTAINED_NS_PER_SAMPLE,
+            "the gap can pace below the path's rate"
+        );
+    }
+
+    /// Bursts longer than 8 ms: a path that sustains 10 k samples/s of
+    /// 200 kB (100 µs each, the veth path between two network namespaces
+    /// on a 2-core host) acknowledges them in 30 ms cycles, all in the
+    /// first 10 ms (3 times the sustained rate), then nothing for 20 ms.
+    /// 8 ms rate samples can fall on a burst: C three times too high, and
+    /// the gap (at most `2·t_m`) below the path's time per sample, so the
+    /// queue fills the window (what the netns run of 2026-12-04 showed).
+    /// The default 32 ms samples hold at least one whole cycle.
+    #[test]
+    fn bursts_longer_than_a_short_sample_do_not_inflate_the_capacity() {
+        const SAMPLE_BYTES: u64 = 200_000;
+        const SUSTAINED_NS_PER_SAMPLE: u64 = 100_000;
+        const CYCLE_NS: u64 = 30_000_000;
+        const BURST_NS: u64 = 10_000_000;
+        let run = |rate_interval_ns_min: u64| {
+            let mut napa = Napa::new(
+                NapaConfig {
+                    window_slots_max: 64,
+                    rate_interval_ns_min,
+                    ..cfg()
+                },
+                SAMPLE_BYTES as u32,
+            )
+            .unwrap();
+            // A cycle's 300 samples, acknowledged 10 at a time, 30 acks
+            // spread over the burst (one every 333 µs); each sample sent
+            // 90 µs before its ack (the RTT).
+            let acks_per_cycle = CYCLE_NS / SUSTAINED_NS_PER_SAMPLE / 10;
+            let mut seq = 0u64;
+            for cycle in 0..40u64 {
+                for ack in 0..acks_per_cycle {
+                    let now = cycle * CYCLE_NS + 1_000_000 + ack * (BURST_NS / acks_per_cycle);
+                    for _ in 0..10 {
+                        seq += 1;
+                        napa.on_sent(seq, now - 90_000);
+                    }
+                    napa.on_acked(seq, now);
+                }
+            }
+            napa
+        };
+        let sustained = SAMPLE_BYTES * 1_000_000_000 / SUSTAINED_NS_PER_SAMPLE;
+        let short = run(8_000_000);
+        assert!(
+            short.capacity_bytes_per_s() >= 2 * sustained,
+            "8 ms samples see the burst: C {} against {sustained}",
+            short.capacity_bytes_per_s()
+        );
+        assert!(GAP_OVER_SAMPLE_TIME_MAX * short.sample_time_ns() < SUSTAINED_NS_PER_SAMPLE);
+        let long = run(NapaConfig::default().rate_interval_ns_min);
+        let capacity = long.capacity_bytes_per_s();
+        assert!(
+            capacity * 10 <= 16 * sustained && capacity * 10 >= 9 * sustained,
+            "the default samples span whole cycles: C {capacity} against {sustained}"
         );
         assert!(
             GAP_OVER_SAMPLE_TIME_MAX * long.sample_time_ns() >= SUSTAINED_NS_PER_SAMPLE,

@@ -161,7 +161,7 @@ impl Scenario {
             // One control period: the model's link and readers serve at a
             // steady rate, so a short delivery-rate sample is not inflated
             // (and these runs' windows hold only ~20 periods). The running
-            // system's 8 ms is for a host whose threads are descheduled
+            // system's 32 ms is for a host whose threads are descheduled
             // (`napa::tests::bursty_acks_do_not_inflate_the_capacity`).
             rate_interval_ns_min: period_ns,
             window_slots_max: self.window_slots_max,
