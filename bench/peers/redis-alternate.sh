@@ -53,8 +53,11 @@ for round in $(seq 1 "$ROUNDS"); do
       --transport "$transport" --data-dir "$work/spindle-$transport-$round" > "$work/spindle-$transport-$round.log" 2>&1 &
     sp=$!; pids+=("$sp")
     wait_ping $port
-    # PONG could come from anything on that port: the run counts only if it is ours.
-    kill -0 "$sp" 2>/dev/null || { echo "spindle kv serve on port $port exited:" >&2; cat "$work/spindle-$transport-$round.log" >&2; exit 1; }
+    # PONG could come from anything on that port (a service that failed to
+    # bind may not have exited yet): the run counts only if Spindle answers.
+    if ! kill -0 "$sp" 2>/dev/null || ! redis-cli -p $port info 2>/dev/null | grep -q '^member_rank:'; then
+      echo "port $port is not this round's spindle kv serve:" >&2; cat "$work/spindle-$transport-$round.log" >&2; exit 1
+    fi
     pipelined "$round" "$transport" spindle $port
     one_at_a_time "$round" "$transport" spindle $port nowait
     kill "$sp"; wait "$sp" 2>/dev/null || true

@@ -162,7 +162,8 @@ impl Scenario {
             // steady rate, so a short delivery-rate sample is not inflated
             // (and these runs' windows hold only ~20 periods). The running
             // system's 32 ms is for a host whose threads are descheduled
-            // (`napa::tests::bursty_acks_do_not_inflate_the_capacity`).
+            // (`napa::tests::bursty_acks_do_not_inflate_the_capacity`,
+            // `napa::tests::bursts_longer_than_a_short_sample_do_not_inflate_the_capacity`).
             rate_interval_ns_min: period_ns,
             window_slots_max: self.window_slots_max,
             gap_ns_max: 100_000_000,
