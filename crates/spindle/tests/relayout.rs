@@ -52,6 +52,11 @@ fn builder(name: &str, rank: usize) -> spindle::GroupBuilder {
         .members(5)
         .rank(rank)
         .join_timeout(Duration::from_secs(30))
+        // One thread polls every member in turn, and a member's poll may
+        // wait on a dead peer's connection (tcp, ofi): at the default
+        // 500 ms a live member went unpolled long enough to be suspected
+        // (ofi, CI on 2 loaded vCPUs, 2026-12-04).
+        .suspect_timeout(Duration::from_secs(2))
         .subgroup(SubgroupSpec::new("kv", 2, 2))
 }
 
