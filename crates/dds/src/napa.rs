@@ -822,52 +822,18 @@ mod tests {
     /// The default 32 ms samples span whole cycles.
     #[test]
     fn bursty_acks_do_not_inflate_the_capacity() {
-        const SAMPLE_BYTES: u64 = 100_000;
-        const SUSTAINED_NS_PER_SAMPLE: u64 = 25_000;
-        let run = |rate_interval_ns_min: u64| {
-            let mut napa = Napa::new(
-                NapaConfig {
-                    window_slots_max: 64,
-                    rate_interval_ns_min,
-                    ..cfg()
-                },
-                SAMPLE_BYTES as u32,
-            )
-            .unwrap();
-            let mut seq = 0u64;
-            for cycle in 0..200u64 {
-                let burst_ns = cycle * 5_000_000 + 3_000_000;
-                // 20 acks of 10 samples each, 100 µs apart; each sample was
-                // sent 60 µs before its ack (the RTT).
-                for ack in 0..20u64 {
-                    let now = burst_ns + ack * 100_000;
-                    for _ in 0..10 {
-                        seq += 1;
-                        napa.on_sent(seq, now - 60_000);
-                    }
-                    napa.on_acked(seq, now);
-                }
-            }
-            napa
+        // 20 acks of 10 samples each, 100 µs apart, 3 ms into each 5 ms
+        // cycle; each sample was sent 60 µs before its ack (the RTT).
+        let path = BurstyAcks {
+            sample_bytes: 100_000,
+            cycles: 200,
+            cycle_ns: 5_000_000,
+            first_ack_ns: 3_000_000,
+            acks_per_cycle: 20,
+            ack_spacing_ns: 100_000,
+            rtt_ns: 60_000,
         };
-        let sustained = SAMPLE_BYTES * 1_000_000_000 / SUSTAINED_NS_PER_SAMPLE;
-        let short = run(1_000_000);
-        assert!(
-            short.capacity_bytes_per_s() >= 2 * sustained,
-            "1 ms samples see the burst: C {} against {sustained}",
-            short.capacity_bytes_per_s()
-        );
-        assert!(GAP_OVER_SAMPLE_TIME_MAX * short.sample_time_ns() < SUSTAINED_NS_PER_SAMPLE);
-        let long = run(NapaConfig::default().rate_interval_ns_min);
-        let capacity = long.capacity_bytes_per_s();
-        assert!(
-            capacity * 2 <= 3 * sustained && capacity * 10 >= 9 * sustained,
-            "the default samples span whole cycles: C {capacity} against {sustained}"
-        );
-        assert!(
-            GAP_OVER_SAMPLE_TIME_MAX * long.sample_time_ns() >= SUSTAINED_NS_PER_SAMPLE,
-            "the gap can pace below the path's rate"
-        );
+        path.check_spans(1_000_000, 25_000, 15);
     }
 
     /// Bursts longer than 8 ms: a path that sustains 10 k samples/s of
@@ -880,55 +846,86 @@ mod tests {
     /// The default 32 ms samples hold at least one whole cycle.
     #[test]
     fn bursts_longer_than_a_short_sample_do_not_inflate_the_capacity() {
-        const SAMPLE_BYTES: u64 = 200_000;
-        const SUSTAINED_NS_PER_SAMPLE: u64 = 100_000;
-        const CYCLE_NS: u64 = 30_000_000;
-        const BURST_NS: u64 = 10_000_000;
-        let run = |rate_interval_ns_min: u64| {
+        // A cycle's 300 samples, acknowledged 10 at a time, 30 acks spread
+        // over the burst (one every 333 µs); each sample sent 90 µs before
+        // its ack (the RTT).
+        let path = BurstyAcks {
+            sample_bytes: 200_000,
+            cycles: 40,
+            cycle_ns: 30_000_000,
+            first_ack_ns: 1_000_000,
+            acks_per_cycle: 30,
+            ack_spacing_ns: 10_000_000 / 30,
+            rtt_ns: 90_000,
+        };
+        path.check_spans(8_000_000, 100_000, 16);
+    }
+
+    /// A path that acknowledges in bursts: `acks_per_cycle` acks of 10
+    /// samples each, `ack_spacing_ns` apart from `first_ack_ns` into each
+    /// `cycle_ns` cycle, each sample sent `rtt_ns` before its ack.
+    struct BurstyAcks {
+        sample_bytes: u64,
+        cycles: u64,
+        cycle_ns: u64,
+        first_ack_ns: u64,
+        acks_per_cycle: u64,
+        ack_spacing_ns: u64,
+        rtt_ns: u64,
+    }
+
+    impl BurstyAcks {
+        /// A controller fed this path's sends and acks, with rate samples
+        /// of at least `rate_interval_ns_min`.
+        fn feed(&self, rate_interval_ns_min: u64) -> Napa {
             let mut napa = Napa::new(
                 NapaConfig {
                     window_slots_max: 64,
                     rate_interval_ns_min,
                     ..cfg()
                 },
-                SAMPLE_BYTES as u32,
+                self.sample_bytes as u32,
             )
             .unwrap();
-            // A cycle's 300 samples, acknowledged 10 at a time, 30 acks
-            // spread over the burst (one every 333 µs); each sample sent
-            // 90 µs before its ack (the RTT).
-            let acks_per_cycle = CYCLE_NS / SUSTAINED_NS_PER_SAMPLE / 10;
             let mut seq = 0u64;
-            for cycle in 0..40u64 {
-                for ack in 0..acks_per_cycle {
-                    let now = cycle * CYCLE_NS + 1_000_000 + ack * (BURST_NS / acks_per_cycle);
+            for cycle in 0..self.cycles {
+                for ack in 0..self.acks_per_cycle {
+                    let now = cycle * self.cycle_ns + self.first_ack_ns + ack * self.ack_spacing_ns;
                     for _ in 0..10 {
                         seq += 1;
-                        napa.on_sent(seq, now - 90_000);
+                        napa.on_sent(seq, now - self.rtt_ns);
                     }
                     napa.on_acked(seq, now);
                 }
             }
             napa
-        };
-        let sustained = SAMPLE_BYTES * 1_000_000_000 / SUSTAINED_NS_PER_SAMPLE;
-        let short = run(8_000_000);
-        assert!(
-            short.capacity_bytes_per_s() >= 2 * sustained,
-            "8 ms samples see the burst: C {} against {sustained}",
-            short.capacity_bytes_per_s()
-        );
-        assert!(GAP_OVER_SAMPLE_TIME_MAX * short.sample_time_ns() < SUSTAINED_NS_PER_SAMPLE);
-        let long = run(NapaConfig::default().rate_interval_ns_min);
-        let capacity = long.capacity_bytes_per_s();
-        assert!(
-            capacity * 10 <= 16 * sustained && capacity * 10 >= 9 * sustained,
-            "the default samples span whole cycles: C {capacity} against {sustained}"
-        );
-        assert!(
-            GAP_OVER_SAMPLE_TIME_MAX * long.sample_time_ns() >= SUSTAINED_NS_PER_SAMPLE,
-            "the gap can pace below the path's rate"
-        );
+        }
+
+        /// Rate samples of `short_ns` see the bursts (C at least twice the
+        /// sustained rate, the gap's cap below the path's time per sample);
+        /// the default's span whole cycles (C within 0.9 and
+        /// `long_tenths_max` tenths of it, the gap able to pace below it).
+        fn check_spans(&self, short_ns: u64, sustained_ns_per_sample: u64, long_tenths_max: u64) {
+            let sustained = self.sample_bytes * 1_000_000_000 / sustained_ns_per_sample;
+            let short = self.feed(short_ns);
+            assert!(
+                short.capacity_bytes_per_s() >= 2 * sustained,
+                "{} ms samples see the burst: C {} against {sustained}",
+                short_ns / 1_000_000,
+                short.capacity_bytes_per_s()
+            );
+            assert!(GAP_OVER_SAMPLE_TIME_MAX * short.sample_time_ns() < sustained_ns_per_sample);
+            let long = self.feed(NapaConfig::default().rate_interval_ns_min);
+            let capacity = long.capacity_bytes_per_s();
+            assert!(
+                capacity * 10 <= long_tenths_max * sustained && capacity * 10 >= 9 * sustained,
+                "the default samples span whole cycles: C {capacity} against {sustained}"
+            );
+            assert!(
+                GAP_OVER_SAMPLE_TIME_MAX * long.sample_time_ns() >= sustained_ns_per_sample,
+                "the gap can pace below the path's rate"
+            );
+        }
     }
 
     #[test]
