@@ -165,6 +165,10 @@ struct Tally {
     restart_members_rejoined: u64,
     /// Of those, the ones admitted that delivered in the restarted group.
     restart_rejoined_delivered: u64,
+    /// Restarts refused: the history may go on in logs that take no part
+    /// (`PlanError::HistoryElsewhere`), or every log of the last view was
+    /// lost with its member.
+    restarts_refused: u64,
     /// Subgroup layouts checked (member × view) and inadequate views.
     layouts_checked: u64,
     layouts_inadequate: u64,
@@ -201,6 +205,7 @@ impl Tally {
         self.log_compactions += report.log_compactions;
         if let Some(r) = &report.restart {
             self.restarts += 1;
+            self.restarts_refused += r.refused.is_some() as u64;
             self.restart_delivered_before += r.delivered_before;
             self.restart_history_messages += r.history_messages;
             self.restart_snapshots_restored += r.snapshots_restored;
@@ -299,10 +304,12 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         tally.follow_runs, tally.follow_members_left_out, tally.follow_views_below_majority
     );
     println!(
-        "total failures (every member killed, restarted from its log): {} runs; {} messages delivered before them, \
+        "total failures (every member killed, restarted from its log): {} runs, {} of them refused (the history may be \
+         in logs of members that joined a running group, or the last view's logs were lost); {} messages delivered before them, \
          each found in every restarted member's history; {} snapshots restored, {} torn log tails dropped, {} members left out \
          ({} joined the restarted group afresh, {} of them admitted and delivering)",
         tally.restarts,
+        tally.restarts_refused,
         tally.restart_delivered_before,
         tally.restart_snapshots_restored,
         tally.restart_torn_tails_dropped,
@@ -350,7 +357,13 @@ fn print_outcome(report: &SimReport) {
         "seed {}: {} steps, {} sent, delivered {:?}, ends {:?}, trace digest {:016x}",
         report.spec.seed, report.steps_run, report.sent, report.delivered, report.ends, report.trace_digest
     );
-    if let Some(r) = &report.restart {
+    if let Some(r) = report.restart.as_ref().filter(|r| r.refused.is_some()) {
+        println!(
+            "  total failure at step {}: restart refused: {}",
+            r.at_step,
+            r.refused.as_deref().unwrap_or_default()
+        );
+    } else if let Some(r) = &report.restart {
         println!(
             "  total failure at step {}: restarted in view {} with members {:?} ({} left out: {:?}; joined afresh: {:?}); \
              {} messages delivered before it, all in the rebuilt history of {} messages",
@@ -412,6 +425,7 @@ fn write_json(path: &std::path::Path, args: &SimArgs, v: &Validated, t: &Tally, 
         "runs_compacting_their_logs": t.compacting_runs,
         "log_compactions_checked": t.log_compactions,
         "total_failure_restarts": t.restarts,
+        "total_failure_restarts_refused": t.restarts_refused,
         "restart_messages_delivered_before": t.restart_delivered_before,
         "restart_history_messages": t.restart_history_messages,
         "restart_snapshots_restored": t.restart_snapshots_restored,

@@ -145,7 +145,10 @@ impl<F: Fabric> Group<F> {
         let rank = fabric.member_rank();
         let initial_mask = config.initial_ranks().iter().fold(0u64, |m, r| m | 1 << r);
         let summary = recovered.summary(initial_mask);
-        let plan = restart::plan(summaries).map_err(|reason| GroupError::Persist { rank, reason })?;
+        let plan = restart::plan(summaries).map_err(|e| GroupError::Persist {
+            rank,
+            reason: format!("restart after a total failure: {e}"),
+        })?;
         let mut config = config;
         let mut restarted = None;
         let mut core = match plan {

@@ -788,6 +788,20 @@ impl<F: Fabric> GroupCore<F> {
             // reusing ring slots it never delivered from.
             self.mship.left = true;
             self.mship.wedged = false;
+            // Persistent mode: its log says that the group went on without
+            // it (the committed view, members and all, synced), so that a
+            // restart after a total failure that finds this log knows of
+            // the view even when every member of it joined a running group
+            // and takes no part in the restart (`restart::plan` then
+            // refuses rather than rebuild from this older history). A view
+            // of nobody (the last member left) has no history to lose.
+            if self.mode == DeliveryMode::Persistent && !joiner && p.next_members != 0 {
+                let rank = self.my_rank;
+                if let Some(log) = self.persist.as_mut() {
+                    log.install_view(p.next_view, self.view, p.final_seq, p.next_members)
+                        .map_err(|reason| GroupError::Persist { rank, reason })?;
+                }
+            }
             if self.mship.leaving {
                 return Ok(());
             }

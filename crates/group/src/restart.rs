@@ -70,33 +70,104 @@ impl RestartPlan {
         if self.members & (1 << rank) != 0 {
             return None;
         }
-        Some(if self.last_members & (1 << rank) == 0 {
-            format!(
-                "its log ends in view {} but the group went on to view {} without it (members {:?}): \
+        Some(
+            if self.last_members & (1 << rank) == 0 && s.last_view == self.last_view {
+                format!(
+                    "it left the group, or was removed, at view {}: the group went on without it (members {:?})",
+                    self.last_view,
+                    PeerSet(self.last_members).iter().collect::<Vec<_>>()
+                )
+            } else if self.last_members & (1 << rank) == 0 {
+                format!(
+                    "its log ends in view {} but the group went on to view {} without it (members {:?}): \
                  it cannot rebuild the group's state from its log",
-                s.last_view,
-                self.last_view,
-                PeerSet(self.last_members).iter().collect::<Vec<_>>()
-            )
-        } else if s.records == 0 {
-            format!(
-                "its log is empty but it was a member of the last view {}: its history is gone",
-                self.last_view
-            )
-        } else if s.joined {
-            "it joined a running group, so its log lacks the history before that".to_string()
-        } else {
-            format!(
-                "its log ends in view {}, more than one view before the last view {}",
-                s.last_view, self.last_view
-            )
-        })
+                    s.last_view,
+                    self.last_view,
+                    PeerSet(self.last_members).iter().collect::<Vec<_>>()
+                )
+            } else if s.records == 0 {
+                format!(
+                    "its log is empty but it was a member of the last view {}: its history is gone",
+                    self.last_view
+                )
+            } else if s.joined {
+                "it joined a running group, so its log lacks the history before that".to_string()
+            } else {
+                format!(
+                    "its log ends in view {}, more than one view before the last view {}",
+                    s.last_view, self.last_view
+                )
+            },
+        )
+    }
+}
+
+/// Why the summaries give no restart plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanError {
+    /// The history may go on in logs that take no part in the restart:
+    /// enough members of the last view the logs know joined a running
+    /// group (they restart as joiners, their logs set aside) to have gone
+    /// on without the members here, so a restart from these logs could
+    /// lose what they delivered. Nothing is restarted (safety over
+    /// liveness); every log is kept.
+    HistoryElsewhere {
+        last_view: u64,
+        last_members: u64,
+        /// The members of `last_view` that take no part in the restart.
+        outside: u64,
+    },
+    /// No member of the last view the logs know has a log that can
+    /// rebuild the state (each is empty, lost, or begun by a join).
+    NoCompleteLog { last_view: u64, last_members: u64 },
+    /// The logs cannot be restarted from: they disagree.
+    Logs(String),
+}
+
+impl std::fmt::Display for PlanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlanError::HistoryElsewhere {
+                last_view,
+                last_members,
+                outside,
+            } => write!(
+                f,
+                "the last view the logs here know, view {last_view} (members {:?}), holds members {:?} that joined a \
+                 running group and take no part in a restart (their logs are set aside when they start again): \
+                 they are enough to have gone on without the members here, so a restart from these logs could lose \
+                 what they delivered; nothing is restarted and every log is kept",
+                PeerSet(*last_members).iter().collect::<Vec<_>>(),
+                PeerSet(*outside).iter().collect::<Vec<_>>()
+            ),
+            PlanError::NoCompleteLog {
+                last_view,
+                last_members,
+            } => write!(
+                f,
+                "no log can rebuild the state: the members of the last view {last_view} ({:?}) have empty or \
+                 incomplete logs",
+                PeerSet(*last_members).iter().collect::<Vec<_>>()
+            ),
+            PlanError::Logs(why) => f.write_str(why),
+        }
     }
 }
 
 /// The plan from every configured member's summary (`None`: every log is
-/// empty, a first start).
-pub fn plan(summaries: &[(usize, LogSummary)]) -> Result<Option<RestartPlan>, String> {
+/// empty, a first start). The summaries are those of the members that take
+/// part in the restart (the configured initial members, see
+/// [`exchange`]).
+///
+/// **The history is not elsewhere.** Members that joined a running group
+/// take no part (their logs lack the history before their join). A view
+/// needs a strict majority of the view before it (leavers count: they
+/// agree to their removal, and a leaver's log records the view that went
+/// on without it, see `membership`), so if the members of the last view
+/// `L` that take part are at least half of `L`, every view after `L`
+/// would have one of them in it, and its log would show it. Otherwise the
+/// members outside may have gone on alone: [`PlanError::HistoryElsewhere`].
+pub fn plan(summaries: &[(usize, LogSummary)]) -> Result<Option<RestartPlan>, PlanError> {
     let written: Vec<&(usize, LogSummary)> = summaries.iter().filter(|(_, s)| s.records > 0).collect();
     let Some(last_view) = written.iter().map(|(_, s)| s.last_view).max() else {
         return Ok(None);
@@ -108,11 +179,20 @@ pub fn plan(summaries: &[(usize, LogSummary)]) -> Result<Option<RestartPlan>, St
         .collect();
     let last_members = at_last[0].last_members;
     if let Some(other) = at_last.iter().find(|s| s.last_members != last_members) {
-        return Err(format!(
+        return Err(PlanError::Logs(format!(
             "the logs disagree on the members of view {last_view}: {:?} and {:?} (logs of different groups?)",
             PeerSet(last_members).iter().collect::<Vec<_>>(),
             PeerSet(other.last_members).iter().collect::<Vec<_>>()
-        ));
+        )));
+    }
+    let taking_part = summaries.iter().fold(0u64, |mask, (r, _)| mask | 1 << r);
+    let outside = last_members & !taking_part;
+    if outside.count_ones() * 2 > last_members.count_ones() {
+        return Err(PlanError::HistoryElsewhere {
+            last_view,
+            last_members,
+            outside,
+        });
     }
     let prev = at_last.iter().find_map(|s| s.prev);
     let eligible = |s: &LogSummary| {
@@ -127,10 +207,10 @@ pub fn plan(summaries: &[(usize, LogSummary)]) -> Result<Option<RestartPlan>, St
         }
     }
     if members == 0 {
-        return Err(format!(
-            "no log can rebuild the state: the members of the last view {last_view} ({:?}) have empty or incomplete logs",
-            PeerSet(last_members).iter().collect::<Vec<_>>()
-        ));
+        return Err(PlanError::NoCompleteLog {
+            last_view,
+            last_members,
+        });
     }
     Ok(Some(RestartPlan {
         last_view,
@@ -276,11 +356,19 @@ pub fn seal(
     if let Some(snap) = &snapshot {
         // Only delivered messages are compacted, and a delivered message
         // is on every member's disk: below the cut (see the module docs).
-        let history_end = (plan.last_view, plan.cut_seq);
+        // A snapshot in the last view may lie past the cut: the cut is the
+        // smallest *record* frontier, and nulls leave no record. Everything
+        // below the snapshot's position was delivered here, so every member
+        // of the view had it on disk: a position between the cut and the
+        // snapshot with a message would have raised every frontier past
+        // it. So only nulls lie there, and the snapshot is the state at
+        // the cut (total order holds; nothing is replayed from this log).
+        let past_last_view = snap.view > plan.last_view;
         let past_prev_end = plan.prev.is_some_and(|(pv, pf)| snap.view == pv && snap.seq > pf);
-        if (snap.view, snap.seq) > history_end || past_prev_end {
+        if past_last_view || past_prev_end {
             return Err(format!(
-                "{}: its snapshot holds the messages up to view {} seq {}, beyond the history the members agree on                  (view {} up to seq {}): the logs are of different runs",
+                "{}: its snapshot holds the messages up to view {} seq {}, beyond the history the members agree on \
+                 (view {} up to seq {}): the logs are of different runs",
                 recovered.path.display(),
                 snap.view,
                 snap.seq,
@@ -391,5 +479,61 @@ mod tests {
         let p = plan(&[(0, s(0, 0b11, None, 6)), (1, empty)]).unwrap().unwrap();
         assert_eq!(p.members, 0b01);
         assert!(p.excluded(1, &empty).unwrap().contains("log is empty"));
+    }
+
+    #[test]
+    fn a_last_view_of_members_that_take_no_part_is_refused() {
+        // Member 0 (the one initial member) left at view 2; member 1, which
+        // joined a running group, went on alone: its history is not here.
+        let left = s(2, 0b10, Some((1, 30)), 0);
+        let e = plan(&[(0, left)]).unwrap_err();
+        assert_eq!(
+            e,
+            PlanError::HistoryElsewhere {
+                last_view: 2,
+                last_members: 0b10,
+                outside: 0b10
+            }
+        );
+        assert!(
+            e.to_string().contains("holds members [1] that joined a running group"),
+            "{e}"
+        );
+        // The leaver is told it left, not that the group went on to its
+        // own last view without it.
+        let left_two = s(2, 0b110, Some((1, 30)), 0);
+        let p = plan(&[(0, left_two), (1, s(2, 0b110, Some((1, 30)), 4))])
+            .unwrap()
+            .unwrap();
+        let why = p.excluded(0, &left_two).unwrap();
+        assert!(why.contains("it left the group, or was removed, at view 2"), "{why}");
+        // Two of three members outside: a majority of view 5, refused.
+        let e = plan(&[(0, s(5, 0b1101, Some((4, 8)), 3)), (1, s(3, 0b111, None, 2))]).unwrap_err();
+        assert!(
+            matches!(e, PlanError::HistoryElsewhere { outside: 0b1100, .. }),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_joiner_beside_as_many_members_that_take_part_does_not_stop_a_restart() {
+        // View 1 is members 1 and 2 (2 joined a running group): a next view
+        // needs a majority of it, so member 1 would be in it and its log
+        // would show it.
+        let p = plan(&[(0, s(1, 0b110, Some((0, 12)), 0)), (1, s(1, 0b110, Some((0, 12)), 7))])
+            .unwrap()
+            .unwrap();
+        assert_eq!((p.last_view, p.members, p.cut_seq), (1, 0b010, 7));
+        // Both of the last view's logs gone or begun by a join: no plan.
+        let mut joined = s(1, 0b110, Some((0, 12)), 7);
+        joined.joined = true;
+        let e = plan(&[(0, s(1, 0b110, Some((0, 12)), 0)), (1, joined)]).unwrap_err();
+        assert_eq!(
+            e,
+            PlanError::NoCompleteLog {
+                last_view: 1,
+                last_members: 0b110
+            }
+        );
     }
 }

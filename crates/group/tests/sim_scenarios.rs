@@ -515,3 +515,87 @@ fn members_left_out_of_a_restart_join_it_together() {
     }
     assert_eq!(together, 3, "restarts where several members joined again and delivered");
 }
+
+/// A persistent group whose last view holds only a member that joined a
+/// running group: member 1 joins, member 0 (the only configured initial
+/// member) leaves, member 1 delivers alone, and every member is killed.
+/// Member 0's log is the only one that takes part in the restart; it
+/// records the view that went on without it, so the restart is refused
+/// (the history is in member 1's log, which a joiner sets aside) rather
+/// than rebuilt from member 0's older history, which would lose what
+/// member 1 delivered alone (it did, on these seeds, before the leaver
+/// logged that view). With three members the one left with the joiner
+/// takes part, and the group restarts from its log.
+#[test]
+fn a_restart_whose_last_view_holds_only_a_joiner_is_refused_not_rebuilt_from_older_logs() {
+    let (mut refused, mut restarted) = (0, 0);
+    for members in [2usize, 3] {
+        for seed in 0..40 {
+            let (spec, mut plan) = plan(seed, members);
+            plan.mode = DeliveryMode::Persistent;
+            plan.sync_per_mille = 600;
+            plan.joiner = Some((members - 1, 40));
+            plan.leaver = Some((0, 150));
+            plan.restart_at = Some(300);
+            let r = ok(simulation::run_plan(&spec, plan));
+            let t = r.restart.as_ref().expect("the plan restarts");
+            match &t.refused {
+                Some(why) => {
+                    assert_eq!(
+                        members, 2,
+                        "seed {seed}: a member that took part was in the last view: {why}"
+                    );
+                    assert!(why.contains(&format!("holds members [{}]", members - 1)), "{why}");
+                    assert!(
+                        r.ends
+                            .iter()
+                            .all(|e| matches!(e, MemberEnd::Stopped(s) if s.contains("restart refused"))),
+                        "seed {seed}: {:?}",
+                        r.ends
+                    );
+                    refused += 1;
+                }
+                None if t.first_view > 0 => restarted += 1,
+                None => {}
+            }
+        }
+    }
+    assert!(refused >= 10, "only {refused} restarts refused");
+    assert!(restarted >= 20, "only {restarted} restarts from the logs");
+}
+
+/// Found by `spindle sim --seeds 0..40000 --members 4`: a member had
+/// compacted its log past trailing nulls, beyond the cut (the smallest
+/// record frontier; nulls leave no record), and its restart was refused as
+/// "logs of different runs". The snapshot is the state at the cut.
+#[test]
+fn a_snapshot_past_trailing_nulls_restarts_with_the_others() {
+    let mut spec = SimSpec::new(35259, 4, 400, FaultClass::All);
+    spec.abandon_per_mille = 20;
+    let r = ok(simulation::run(&spec));
+    let t = r.restart.as_ref().expect("this seed restarts");
+    assert!(t.refused.is_none() && t.first_view > 0, "{t:?}");
+    assert_eq!(t.snapshots_restored, 4, "{t:?}");
+}
+
+/// Found by `spindle sim --seeds 0..40000 --members 3`: following an outer
+/// view, the leader left and crashed before its commit reached member 1.
+/// Member 1 waited for ever. The outer view now leaves out a member that
+/// left, as one that crashed; here the partition that follows then splits
+/// the outer group's two live members evenly, and both stop, as the outer
+/// group does (liveness holds: nobody waits).
+#[test]
+fn following_an_outer_view_a_leader_that_left_and_crashed_is_left_out() {
+    let mut spec = SimSpec::new(34214, 3, 400, FaultClass::All);
+    spec.abandon_per_mille = 20;
+    let r = ok(simulation::run(&spec));
+    assert_eq!(r.ends[0], MemberEnd::Left, "{:?}", r.ends);
+    for m in [1, 2] {
+        assert_eq!(
+            r.ends[m],
+            MemberEnd::Stopped("the outer view left it out".into()),
+            "{:?}",
+            r.ends
+        );
+    }
+}

@@ -399,7 +399,7 @@ impl SimPlan {
         } else {
             plan.healthy_suspect_timeout_ns()
         };
-        if matches!(class, FaultClass::Churn | FaultClass::All) && n >= 3 {
+        if matches!(class, FaultClass::Churn | FaultClass::All) && n >= 2 {
             // The joiner is the last rank; some other rank must send.
             if rng.chance(700) && plan.senders.ranks(n).iter().any(|r| *r != n - 1) {
                 plan.joiner = Some((n - 1, rng.below(fault_steps)));
@@ -1131,6 +1131,10 @@ impl Cluster {
                 && self.restart.is_none()
             {
                 self.total_failure()?;
+                if self.restart.as_ref().is_some_and(|r| r.report.refused.is_some()) {
+                    // Nothing restarted: the run ends at the failure.
+                    return Ok(());
+                }
             }
             let sending = self.step < self.spec.steps;
             let tick = if sending {
@@ -1285,8 +1289,8 @@ impl Cluster {
     }
 
     /// Following an outer view (see [`SimPlan::follow_outer_lag_steps`]):
-    /// the outer view leaves out a member from the step it crashed or
-    /// stopped, and at a partition's start the side without a majority
+    /// the outer view leaves out a member from the step it crashed,
+    /// stopped or left, and at a partition's start the side without a majority
     /// of its live members (both sides of an even split: the outer group
     /// stops too); each member learns of it its lag later. A member the outer view leaves out stops, as a shard member
     /// out of the top-level view does.
@@ -1296,7 +1300,17 @@ impl Cluster {
         };
         let n = self.spec.members;
         for r in 0..n {
-            if self.outer_out_at[r].is_none() && matches!(self.ends[r], MemberEnd::Crashed | MemberEnd::Stopped(_)) {
+            // A member that left is gone from the outer view too (a shard
+            // member leaves its shard when the layout moves it out, which
+            // `Sharded` then lists as left out): the leave's own view
+            // change may never reach the others (a leader that crashes
+            // right after it installed the view without itself).
+            if self.outer_out_at[r].is_none()
+                && matches!(
+                    self.ends[r],
+                    MemberEnd::Crashed | MemberEnd::Stopped(_) | MemberEnd::Left
+                )
+            {
                 self.outer_out_at[r] = Some(self.step);
             }
         }

@@ -71,6 +71,10 @@ pub struct RestartReport {
     pub snapshots_restored: u64,
     /// Logs whose torn tail (written, not synced) was dropped.
     pub torn_tails_dropped: u64,
+    /// The restart was refused ([`crate::restart::PlanError::HistoryElsewhere`]):
+    /// the history may go on in logs of members that joined a running
+    /// group. Nobody is restarted; the run ends at the failure.
+    pub refused: Option<String>,
 }
 
 /// The first run's totals, added to the restarted group's in the report.
@@ -230,12 +234,56 @@ impl Cluster {
             .iter()
             .map(|&m| (m, recovered[m].summary(initial_mask)))
             .collect();
-        let plan = crate::restart::plan(&summaries).map_err(|why| {
-            self.fail(Violation::new(
-                "restart after a total failure",
-                format!("the logs give no restart plan: {why}"),
-            ))
-        })?;
+        // A refusal is right when the history may be in logs that take
+        // no part (members that joined a running group), or when every
+        // member of the last view lost its log (the simulator keeps no
+        // disk of a member that crashed before the total failure) or began
+        // it by a join.
+        let refusal_is_right = |e: &crate::restart::PlanError| match e {
+            crate::restart::PlanError::HistoryElsewhere { .. } => true,
+            crate::restart::PlanError::NoCompleteLog { last_members, .. } => PeerSet(*last_members).iter().all(|m| {
+                !initial.contains(&m) || recovered[m].records.is_empty() || recovered[m].summary(initial_mask).joined
+            }),
+            crate::restart::PlanError::Logs(_) => false,
+        };
+        let plan = match crate::restart::plan(&summaries) {
+            Ok(plan) => plan,
+            Err(e) if refusal_is_right(&e) => {
+                // Refused, as Group::join refuses: every member stops with
+                // the reason, and the run ends here (no restarted group).
+                let why = e.to_string();
+                self.world.record(SimEvent::Note {
+                    at_ns: self.world.now_ns(),
+                    text: format!("restart refused: {why}"),
+                });
+                for m in 0..n {
+                    if !matches!(self.ends[m], MemberEnd::NotStarted) {
+                        self.ends[m] = MemberEnd::Stopped(format!("restart refused: {why}"));
+                    }
+                }
+                self.restart = Some(Restarted {
+                    report: RestartReport {
+                        at_step: self.step,
+                        delivered_before: delivered_before.len() as u64,
+                        refused: Some(why),
+                        ..RestartReport::default()
+                    },
+                    totals_before,
+                    delivered_before,
+                    sent_before,
+                    snapshot_at: vec![(0, 0); n],
+                    replay_checked: vec![false; n],
+                    reference: None,
+                });
+                return Ok(());
+            }
+            Err(why) => {
+                return Err(self.fail(Violation::new(
+                    "restart after a total failure",
+                    format!("the logs give no restart plan: {why}"),
+                )))
+            }
+        };
         let (first_view, members) = plan.map_or((0, initial_mask), |p| (p.first_view, p.members));
         let ranks: Vec<usize> = PeerSet(members).iter().collect();
         let mut report = RestartReport {
