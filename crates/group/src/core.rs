@@ -358,17 +358,25 @@ impl<F: Fabric> GroupCore<F> {
         }
         me.u64_at(l.guard.offset()).store(0, Ordering::Relaxed);
         me.u64_at(l.guard_view.offset()).store(view + 1, Ordering::Relaxed);
-        me.u64_at(l.base_slot.offset()).store(self.my_base, Ordering::Relaxed);
+        // Release: pairs with the Acquire load of `base_slot` in the
+        // peers' `sender_ready`: a peer that reads this view's base reads
+        // this view's `guard_view` too, and so knows the base is not its.
+        me.u64_at(l.base_slot.offset()).store(self.my_base, Ordering::Release);
     }
 
     /// Publish that this member's SMC counters belong to the current view:
-    /// the zeroed counters first, then the tag (guard after data).
+    /// the zeroed guard and its view first, then the zeroed counters and
+    /// the base, then the tag.
     pub(crate) fn tag_view(&mut self) -> Result<(), FabricError> {
         let guard = self.layout.guard.offset();
         debug_assert_eq!(self.layout.guard_view.offset(), guard + 8);
-        self.fabric.push(self.layout.progress_range(), self.everyone)?;
-        // The guard and its view, in one push.
+        // The guard and its view first, in one push: a peer still in the
+        // view before reads `base_slot` (in the next push) only after the
+        // new `guard_view` landed, and so never takes this view's base
+        // for its own (`sender_ready`). Then the zeroed counters and the
+        // base.
         self.fabric.push(guard..guard + 16, self.everyone)?;
+        self.fabric.push(self.layout.progress_range(), self.everyone)?;
         let me = self.row(self.my_rank);
         // Release: pairs with the Acquire loads of `smc_view` in
         // `sender_ready`, `refresh_tags`, `stable` and the membership's
@@ -414,7 +422,17 @@ impl<F: Fabric> GroupCore<F> {
         if row.u64_at(self.layout.smc_view.offset()).load(Ordering::Acquire) != self.view + 1 {
             return None;
         }
-        let base = row.u64_at(self.layout.base_slot.offset()).load(Ordering::Relaxed);
+        // Acquire: pairs with the Release store of `base_slot` in the
+        // sender's `reset_smc` (after its `guard_view`).
+        let base = row.u64_at(self.layout.base_slot.offset()).load(Ordering::Acquire);
+        // A sender that moved on to a newer view since (this member was
+        // removed and does not know yet) may have stored that view's base
+        // before its new tag: its `guard_view`, stored and pushed before
+        // the base, says so. (Seen in the simulator: a slow member read a
+        // sender's next base with the old tag, and its slots with it.)
+        if row.u64_at(self.layout.guard_view.offset()).load(Ordering::Relaxed) != self.view + 1 {
+            return None;
+        }
         self.sender_base[i] = Some(base);
         Some(base)
     }

@@ -599,3 +599,17 @@ fn following_an_outer_view_a_leader_that_left_and_crashed_is_left_out() {
         );
     }
 }
+
+/// Found by `spindle sim --seeds 0..40000 --members 5`: a very slow member,
+/// removed without knowing it yet, first looked at sender 0 in its view
+/// after sender 0 had moved on: it read the next view's base slot under
+/// the old tag and then slots of the next view ("per-sender FIFO: sender 0
+/// slot 0 carries index 1, expected 0"). A sender now pushes its new
+/// `guard_view` before its new base, and a peer takes a base only with its
+/// own view's `guard_view`.
+#[test]
+fn a_removed_member_never_takes_a_senders_next_base_for_its_own() {
+    let mut spec = SimSpec::new(32951, 5, 400, FaultClass::All);
+    spec.abandon_per_mille = 20;
+    ok(simulation::run(&spec));
+}
