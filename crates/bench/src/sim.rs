@@ -357,12 +357,8 @@ fn print_outcome(report: &SimReport) {
         "seed {}: {} steps, {} sent, delivered {:?}, ends {:?}, trace digest {:016x}",
         report.spec.seed, report.steps_run, report.sent, report.delivered, report.ends, report.trace_digest
     );
-    if let Some(r) = report.restart.as_ref().filter(|r| r.refused.is_some()) {
-        println!(
-            "  total failure at step {}: restart refused: {}",
-            r.at_step,
-            r.refused.as_deref().unwrap_or_default()
-        );
+    if let Some((r, why)) = report.restart.as_ref().and_then(|r| Some((r, r.refused.as_deref()?))) {
+        println!("  total failure at step {}: restart refused: {why}", r.at_step);
     } else if let Some(r) = &report.restart {
         println!(
             "  total failure at step {}: restarted in view {} with members {:?} ({} left out: {:?}; joined afresh: {:?}); \

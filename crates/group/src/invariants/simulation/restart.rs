@@ -71,9 +71,12 @@ pub struct RestartReport {
     pub snapshots_restored: u64,
     /// Logs whose torn tail (written, not synced) was dropped.
     pub torn_tails_dropped: u64,
-    /// The restart was refused ([`crate::restart::PlanError::HistoryElsewhere`]):
-    /// the history may go on in logs of members that joined a running
-    /// group. Nobody is restarted; the run ends at the failure.
+    /// Why the restart was refused, if it was: the history may go on in
+    /// logs of members that joined a running group
+    /// ([`crate::restart::PlanError::HistoryElsewhere`]), or every log of
+    /// the last view was lost or begun by a join
+    /// ([`crate::restart::PlanError::NoCompleteLog`]). Nobody is
+    /// restarted; the run ends at the failure.
     pub refused: Option<String>,
 }
 
